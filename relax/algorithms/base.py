@@ -1,0 +1,152 @@
+"""``RLAlgorithm``: one RL method is one class.
+
+A method subclasses ``RLAlgorithm`` and overrides only the stages that differ from its parent:
+
+- ``normalize_rewards(rewards, group_ids)`` -> one float32 scalar per sample (rollout worker);
+- ``compute_advantages(inputs, process_group=None)`` -> ``(advantages, returns)`` ``[N, T]``
+  (advantages deployment, or each training rank with its data-parallel group);
+- ``policy_loss(inputs)`` -> ``PolicyLossOutput`` (each training rank).
+
+Capability attributes (see ``capabilities.CAPABILITIES``) are validated by the metaclass when the
+class is *defined*, so a typo or a contradiction fails at import time with a ``TypeError`` naming the
+class and the attribute, instead of silently doing something else at run time.
+"""
+
+from __future__ import annotations
+
+import abc
+import difflib
+import inspect
+from typing import ClassVar
+
+import attrs
+import torch
+
+from relax.algorithms.capabilities import CAPABILITIES, CONTRADICTIONS, METADATA_ATTRIBUTES
+from relax.algorithms.config import AlgorithmConfig
+from relax.algorithms.types import AdvantageInputs, PolicyLossInputs, PolicyLossOutput
+
+
+def _is_plain_data(value) -> bool:
+    """True for class attributes that look like settings (not methods, properties or descriptors)."""
+    if inspect.isfunction(value) or inspect.isclass(value):
+        return False
+    if isinstance(value, (staticmethod, classmethod, property)) or hasattr(value, "__get__"):
+        return False
+    return not callable(value)
+
+
+class AlgorithmMeta(abc.ABCMeta):
+    """Validates capability attributes at class definition and records concrete subclasses."""
+
+    # Every concrete subclass ever defined, for diagnostics and registry-consistency tests.
+    # Name lookup never uses this (see relax.algorithms.registry).
+    defined: ClassVar[list[type]] = []
+
+    def __new__(mcs, name, bases, namespace, **kwargs):
+        cls = super().__new__(mcs, name, bases, namespace, **kwargs)
+        if namespace.get("__module__") == __name__ and name == "RLAlgorithm":
+            return cls
+        mcs._check_namespace(cls, namespace)
+        mcs._check_values(cls)
+        if not inspect.isabstract(cls):
+            AlgorithmMeta.defined.append(cls)
+        return cls
+
+    @staticmethod
+    def _check_namespace(cls, namespace) -> None:
+        known = set(CAPABILITIES) | set(METADATA_ATTRIBUTES)
+        for attr, value in namespace.items():
+            if attr.startswith("_") or attr.isupper() or attr in known or not _is_plain_data(value):
+                continue
+            close = difflib.get_close_matches(attr, sorted(known), n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise TypeError(
+                f"{cls.__qualname__}.{attr} is not a known capability attribute.{hint} Known "
+                f"capabilities: {', '.join(sorted(CAPABILITIES))}. Use an UPPER_CASE or _private name "
+                "for a class constant."
+            )
+
+    @staticmethod
+    def _check_values(cls) -> None:
+        owner = cls.__qualname__
+        for cap in CAPABILITIES.values():
+            cap.check(owner, getattr(cls, cap.name))
+        for a, va, b, vb, why in CONTRADICTIONS:
+            value_a, value_b = getattr(cls, a), getattr(cls, b)
+            hit_b = value_b <= vb if b == "min_group_size" else value_b == vb
+            if value_a == va and hit_b:
+                raise TypeError(f"{owner}.{a}={value_a!r} contradicts {owner}.{b}={value_b!r}: {why}")
+        name = cls.__dict__.get("name", None)
+        if name is not None and (not isinstance(name, str) or not name):
+            raise TypeError(f"{owner}.name must be a non-empty string, got {name!r}")
+        hyper = getattr(cls, "hyperparameters")
+        fields = attrs.fields_dict(AlgorithmConfig)
+        if not isinstance(hyper, tuple) or any(h not in fields for h in hyper):
+            unknown = [h for h in hyper if h not in fields] if isinstance(hyper, tuple) else hyper
+            raise TypeError(
+                f"{owner}.hyperparameters must be a tuple of AlgorithmConfig field names; unknown: {unknown!r}"
+            )
+
+
+class RLAlgorithm(metaclass=AlgorithmMeta):
+    """Base class of every RL method. Instantiate with an ``AlgorithmConfig``.
+
+    Subclasses override ``normalize_rewards``, ``compute_advantages`` and ``policy_loss`` (all three
+    are abstract here) and may override ``group_has_signal`` (which prompt groups the rollout keeps).
+    """
+
+    # -- capability attributes (defaults; documented in capabilities.py) --
+    needs_critic: ClassVar[bool] = False
+    uses_reward_components: ClassVar[bool] = False
+    min_group_size: ClassVar[int] = 1
+    supports_async: ClassVar[bool] = True
+    advantage_normalization: ClassVar[str] = "optional"
+    requires_rewards_normalization: ClassVar[bool] = False
+    allows_reward_post_process_hooks: ClassVar[bool] = True
+    forbids_reward_side_kl: ClassVar[bool] = False
+    requires_global_token_loss: ClassVar[bool] = False
+    requires_on_policy_updates: ClassVar[bool] = False
+    kl_level: ClassVar[str] = "token"
+    needs_full_log_probs: ClassVar[bool] = False
+    group_relative: ClassVar[bool] = False
+
+    # -- metadata --
+    name: ClassVar[str | None] = None
+    hyperparameters: ClassVar[tuple[str, ...]] = ()
+    paper: ClassVar[str | None] = None
+
+    def __init__(self, config: AlgorithmConfig | None = None):
+        self.config = config if config is not None else AlgorithmConfig()
+        if not isinstance(self.config, AlgorithmConfig):
+            raise TypeError(f"{type(self).__name__} expects an AlgorithmConfig, got {type(config).__name__}")
+
+    @classmethod
+    def capabilities(cls) -> dict[str, object]:
+        """The effective value of every capability attribute (inherited ones included)."""
+        return {name: getattr(cls, name) for name in CAPABILITIES}
+
+    @abc.abstractmethod
+    def normalize_rewards(self, rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+        """``rewards`` ``[N]`` or ``[N, K]`` (columns in ``reward_keys`` order) -> float32 ``[N]``."""
+
+    @abc.abstractmethod
+    def compute_advantages(
+        self, inputs: AdvantageInputs, process_group=None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> ``(advantages [N, T], returns [N, T])``, zero where ``response_mask`` is false."""
+
+    @abc.abstractmethod
+    def policy_loss(self, inputs: PolicyLossInputs) -> PolicyLossOutput:
+        """-> a differentiable scalar loss and detached scalar metrics."""
+
+    def group_has_signal(self, rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+        """Per sample: does its prompt group carry a learning signal *for this algorithm*?
+
+        The rollout drops groups where this is false. The default keeps everything (an algorithm
+        without a group baseline learns from a constant group too); group-relative methods override.
+        """
+        return torch.ones(rewards.shape[0], dtype=torch.bool)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r})"

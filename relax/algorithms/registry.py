@@ -1,0 +1,94 @@
+"""The built-in algorithms, listed explicitly; name lookup and dotted-path loading.
+
+No decorator and no import side effect decides what exists: ``BUILTIN_ALGORITHMS`` is the list.
+Every process (rollout, advantages deployment, each training rank) resolves the same spec string
+with ``load_algorithm`` and instantiates the class itself; nothing pickles a live algorithm.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from relax.algorithms.base import RLAlgorithm
+from relax.algorithms.gdpo import GDPO
+from relax.algorithms.grpo import CISPO, GRPO, GSPO, SAPO
+from relax.algorithms.m2po import M2PO
+from relax.algorithms.ppo import PPO
+from relax.algorithms.reinforce import ReinforcePlusPlus, ReinforcePlusPlusBaseline
+from relax.algorithms.rloo import RLOO
+
+BUILTIN_ALGORITHMS: tuple[type[RLAlgorithm], ...] = (
+    GRPO,
+    GSPO,
+    SAPO,
+    CISPO,
+    RLOO,
+    ReinforcePlusPlus,
+    ReinforcePlusPlusBaseline,
+    PPO,
+    M2PO,
+    GDPO,
+)
+
+_BY_NAME: dict[str, type[RLAlgorithm]] = {cls.name: cls for cls in BUILTIN_ALGORITHMS}
+if len(_BY_NAME) != len(BUILTIN_ALGORITHMS):  # pragma: no cover - guards edits to the tuple above
+    raise RuntimeError("two built-in algorithms share a name")
+
+
+def algorithm_names() -> tuple[str, ...]:
+    """Registered names in definition order (feeds argparse ``choices``)."""
+    return tuple(_BY_NAME)
+
+
+def get_algorithm(name: str) -> type[RLAlgorithm]:
+    """The built-in class registered as ``name``."""
+    try:
+        return _BY_NAME[name]
+    except KeyError:
+        raise KeyError(
+            f"Unknown advantage estimator {name!r}. Available: {', '.join(_BY_NAME)} "
+            "(or a dotted path 'package.module:ClassName' to your own RLAlgorithm subclass)."
+        ) from None
+
+
+def is_dotted_path(spec: str) -> bool:
+    return ":" in spec
+
+
+def load_algorithm(spec: str) -> type[RLAlgorithm]:
+    """Resolve a registered name or a ``package.module:ClassName`` path to an ``RLAlgorithm`` class."""
+    if not isinstance(spec, str) or not spec:
+        raise ValueError(f"An algorithm spec must be a non-empty string, got {spec!r}")
+    if not is_dotted_path(spec):
+        return get_algorithm(spec)
+    module_name, _, class_name = spec.partition(":")
+    if not module_name or not class_name or ":" in class_name:
+        raise ValueError(
+            f"Malformed algorithm path {spec!r}: expected 'package.module:ClassName', e.g. 'my_pkg.my_algo:MyAlgo'."
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        raise ValueError(
+            f"Cannot import module {module_name!r} for algorithm {spec!r}: {exc}. Make sure it is on "
+            "PYTHONPATH (or installed) in every process; relax passes the working directory to Ray workers."
+        ) from exc
+    try:
+        cls = getattr(module, class_name)
+    except AttributeError:
+        public = sorted(n for n in vars(module) if not n.startswith("_"))
+        raise ValueError(
+            f"Module {module_name!r} has no attribute {class_name!r} (algorithm {spec!r}). "
+            f"It defines: {', '.join(public) or 'nothing public'}."
+        ) from None
+    if not (isinstance(cls, type) and issubclass(cls, RLAlgorithm)):
+        raise TypeError(f"{spec!r} is {cls!r}, which is not a subclass of relax.algorithms.RLAlgorithm.")
+    if getattr(cls, "__abstractmethods__", None):
+        missing = ", ".join(sorted(cls.__abstractmethods__))
+        raise TypeError(f"{spec!r} is abstract: it does not implement {missing}.")
+    return cls
+
+
+def algorithm_display_name(cls: type[RLAlgorithm]) -> str:
+    """The name a user passes to --advantage-estimator for this class."""
+    return cls.name or f"{cls.__module__}:{cls.__qualname__}"

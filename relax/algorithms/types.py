@@ -1,0 +1,104 @@
+"""Typed inputs and outputs of the three algorithm stages (DESIGN.md §2).
+
+Shapes: N samples, T response tokens. Every ``[N, T]`` tensor is right-padded and comes with a
+boolean ``response_mask``; positions where the mask is false never contribute to anything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import attrs
+import torch
+
+
+def _optional_tensor(instance, attribute, value):
+    if value is not None and not isinstance(value, torch.Tensor):
+        raise TypeError(f"{attribute.name} must be a torch.Tensor or None, got {type(value).__name__}")
+
+
+def _tensor(instance, attribute, value):
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{attribute.name} must be a torch.Tensor, got {type(value).__name__}")
+
+
+def _segment_sizes(instance, attribute, value):
+    if value is None:
+        return
+    if not value or any(not isinstance(s, int) or isinstance(s, bool) or s < 0 for s in value):
+        raise ValueError(f"segment_sizes must be a non-empty tuple of non-negative ints, got {value!r}")
+
+
+@attrs.frozen(kw_only=True)
+class AdvantageInputs:
+    """What ``compute_advantages`` receives for one batch (one whole rollout or one shard of it).
+
+    ``rewards`` is the per-sample output of ``normalize_rewards``. ``segment_sizes`` gives the sample
+    counts of the optimizer mini-batches in order (on this rank); ``None`` means the inputs form
+    exactly one mini-batch.
+    """
+
+    rewards: torch.Tensor = attrs.field(validator=_tensor)
+    response_mask: torch.Tensor = attrs.field(validator=_tensor)
+    values: torch.Tensor | None = attrs.field(default=None, validator=_optional_tensor)
+    kl: torch.Tensor | None = attrs.field(default=None, validator=_optional_tensor)
+    segment_sizes: tuple[int, ...] | None = attrs.field(
+        default=None, converter=attrs.converters.optional(tuple), validator=_segment_sizes
+    )
+
+    def __attrs_post_init__(self):
+        n = self.rewards.shape[0]
+        if self.rewards.dim() != 1:
+            raise ValueError(f"rewards must be 1-D [N], got shape {tuple(self.rewards.shape)}")
+        if self.response_mask.dim() != 2 or self.response_mask.shape[0] != n:
+            raise ValueError(
+                f"response_mask must be [N, T] with N={n}, got shape {tuple(self.response_mask.shape)}"
+            )
+        for name in ("values", "kl"):
+            t = getattr(self, name)
+            if t is not None and t.shape != self.response_mask.shape:
+                raise ValueError(
+                    f"{name} must have the shape of response_mask {tuple(self.response_mask.shape)}, "
+                    f"got {tuple(t.shape)}"
+                )
+        if self.segment_sizes is not None and sum(self.segment_sizes) != n:
+            raise ValueError(
+                f"segment_sizes {self.segment_sizes} sum to {sum(self.segment_sizes)}, "
+                f"but this batch holds {n} samples"
+            )
+
+
+@attrs.frozen(kw_only=True)
+class PolicyLossInputs:
+    """What ``policy_loss`` receives for one (micro-)batch on one training rank.
+
+    ``global_num_tokens`` / ``global_num_sequences``: the number of valid response tokens / sequences
+    of the whole optimizer mini-batch across all micro-batches and data-parallel ranks. When given,
+    the loss is divided by them instead of by the local counts, so that summing the micro-batch
+    losses (and averaging gradients over ranks times the world size) reproduces the full-batch loss.
+    """
+
+    log_probs: torch.Tensor = attrs.field(validator=_tensor)
+    old_log_probs: torch.Tensor = attrs.field(validator=_tensor)
+    advantages: torch.Tensor = attrs.field(validator=_tensor)
+    response_mask: torch.Tensor = attrs.field(validator=_tensor)
+    ref_log_probs: torch.Tensor | None = attrs.field(default=None, validator=_optional_tensor)
+    entropy: torch.Tensor | None = attrs.field(default=None, validator=_optional_tensor)
+    rollout_log_probs: torch.Tensor | None = attrs.field(default=None, validator=_optional_tensor)
+    global_num_tokens: float | None = None
+    global_num_sequences: float | None = None
+
+    def __attrs_post_init__(self):
+        shape = self.response_mask.shape
+        for name in ("log_probs", "old_log_probs", "advantages", "ref_log_probs", "entropy", "rollout_log_probs"):
+            t = getattr(self, name)
+            if t is not None and t.shape != shape:
+                raise ValueError(f"{name} must have the shape of response_mask {tuple(shape)}, got {tuple(t.shape)}")
+
+
+@attrs.frozen
+class PolicyLossOutput:
+    """A differentiable scalar ``loss`` and detached scalar ``metrics`` (name -> 0-dim tensor)."""
+
+    loss: torch.Tensor
+    metrics: Mapping[str, torch.Tensor] = attrs.field(factory=dict)

@@ -1,0 +1,1 @@
+"""The Ray runtime: roles, the advantages deployment, the data plane, checkpoints, metrics."""

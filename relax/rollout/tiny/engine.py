@@ -1,0 +1,110 @@
+"""``TinyEngine``: batched, KV-cached sampling from a ``TinyCausalLM``.
+
+One forward pass over the left-padded prompts fills the cache, then one single-token step per new
+token. Each row stops at its own ``<eos>`` (the ``<eos>`` is part of the response and its mask is
+True; later columns are ``<pad>`` with mask False). The response width is the longest row.
+
+``Generation.log_probs`` are the log-probs of the sampled tokens under the distribution actually
+sampled from: logits divided by the temperature, then restricted to the top-p nucleus and
+renormalised. With temperature 1 and top-p 1 (the default recipe) they equal the trainer's
+``compute_log_probs`` up to float rounding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from relax.backends.base import TokenBatch
+from relax.rollout.base import Generation, GenerationEngine, SamplingParams
+from relax.rollout.tiny.model import KVCache, TinyCausalLM
+from relax.rollout.tiny.tokenizer import TinyTokenizer
+
+
+def left_pad(prompt_ids: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> ``(ids [N, P], mask [N, P])`` with every prompt right-aligned at column P."""
+    if not prompt_ids or any(len(p) == 0 for p in prompt_ids):
+        raise ValueError("generate needs at least one prompt and every prompt needs at least one token")
+    width = max(len(p) for p in prompt_ids)
+    ids = torch.full((len(prompt_ids), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompt_ids), width), dtype=torch.bool)
+    for row, p in enumerate(prompt_ids):
+        ids[row, width - len(p):] = torch.as_tensor(p, dtype=torch.long)
+        mask[row, width - len(p):] = True
+    return ids, mask
+
+
+def sampling_log_probs(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
+    """Log-probs ``[B, V]`` of the distribution to sample from; tokens outside the nucleus are -inf.
+
+    The nucleus is the smallest set of most likely tokens whose mass reaches ``top_p`` (the most
+    likely token is always kept)."""
+    log_probs = torch.log_softmax(logits.float() / temperature, dim=-1)
+    if top_p >= 1.0:
+        return log_probs
+    sorted_lp, order = log_probs.sort(dim=-1, descending=True)
+    mass_before = sorted_lp.exp().cumsum(dim=-1) - sorted_lp.exp()
+    drop_sorted = mass_before >= top_p  # mass already reached before this token
+    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+    return torch.log_softmax(log_probs.masked_fill(drop, float("-inf")), dim=-1)
+
+
+class TinyEngine(GenerationEngine):
+    def __init__(self, model: TinyCausalLM, tokenizer: TinyTokenizer | None = None):
+        self.model = model.eval()
+        self.tokenizer = tokenizer if tokenizer is not None else TinyTokenizer()
+
+    @torch.inference_mode()
+    def generate(
+        self, prompt_ids: list[list[int]], params: SamplingParams, generator: torch.Generator | None = None
+    ) -> Generation:
+        if params.temperature <= 0:
+            raise ValueError(f"temperature must be > 0 for sampling, got {params.temperature}")
+        if not 0.0 < params.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {params.top_p}")
+        if params.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {params.max_new_tokens}")
+        pad, eos = self.tokenizer.pad_id, self.tokenizer.eos_id
+        ids, prompt_mask = left_pad(prompt_ids, pad)
+        n, width = ids.shape
+        cache = KVCache(self.model.config, n, width + params.max_new_tokens)
+        positions = (prompt_mask.long().cumsum(1) - 1).clamp(min=0)
+        logits, _ = self.model(ids, prompt_mask, positions, kv_cache=cache)
+        next_logits, next_pos = logits[:, -1], positions[:, -1] + 1
+
+        tokens, masks, token_lps = [], [], []
+        mask_so_far = prompt_mask
+        done = torch.zeros(n, dtype=torch.bool)
+        for _ in range(params.max_new_tokens):
+            lp = sampling_log_probs(next_logits, params.temperature, params.top_p)
+            token = torch.multinomial(lp.exp(), 1, generator=generator).squeeze(1)
+            live = ~done
+            token = torch.where(live, token, torch.full_like(token, pad))
+            tokens.append(token)
+            masks.append(live)
+            token_lps.append(torch.where(live, lp.gather(1, token[:, None]).squeeze(1), 0.0))
+            done = done | (token == eos)
+            if bool(done.all()) or len(tokens) == params.max_new_tokens:
+                break
+            mask_so_far = torch.cat([mask_so_far, live[:, None]], dim=1)
+            logits, _ = self.model(token[:, None], mask_so_far, next_pos[:, None], kv_cache=cache)
+            next_logits, next_pos = logits[:, -1], next_pos + 1
+
+        batch = TokenBatch(
+            prompt_ids=ids,
+            prompt_mask=prompt_mask,
+            response_ids=torch.stack(tokens, dim=1),
+            response_mask=torch.stack(masks, dim=1),
+        )
+        return Generation(batch=batch, log_probs=torch.stack(token_lps, dim=1).float())
+
+    def decode_responses(self, generation: Generation) -> list[str]:
+        """The completion text of every row (real tokens only; ``<eos>`` kept when the row stopped)."""
+        batch = generation.batch
+        return [
+            self.tokenizer.decode(ids[mask].tolist()) for ids, mask in zip(batch.response_ids, batch.response_mask)
+        ]
+
+    def load_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
+        self.model.load_state_dict(dict(weights), strict=True)

@@ -1,0 +1,168 @@
+"""GRPO and the methods that only change its policy loss: GSPO, SAPO, CISPO.
+
+GRPO (Shao et al., 2024) turns each prompt group's rewards into ``(r - mean) / (std + 1e-6)``,
+gives that value to every response token, and trains with the PPO clipped surrogate. GRPO is also
+the parent of most built-in methods: a subclass overrides only the stage that differs
+(``normalize_rewards``, ``compute_advantages``, or the per-token ``surrogate``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from relax.algorithms import numerics as N
+from relax.algorithms.base import RLAlgorithm
+from relax.algorithms.types import AdvantageInputs, PolicyLossInputs, PolicyLossOutput
+
+_POLICY_LOSS_PARAMS = (
+    "eps_clip", "eps_clip_high", "eps_clip_c", "use_kl_loss", "kl_loss_coef", "kl_loss_type", "entropy_coef",
+    "loss_aggregation",
+)
+
+
+class GRPO(RLAlgorithm):
+    """Group-relative policy optimization, with the Dr.GRPO switch ``grpo_std_normalization=False``."""
+
+    name = "grpo"
+    paper = "Shao et al. 2024, DeepSeekMath (arXiv:2402.03300); Dr.GRPO: Liu et al. 2025 (arXiv:2503.20783)"
+    group_relative = True
+    hyperparameters = (
+        "n_samples_per_prompt", "reward_keys", "reward_weights", "grpo_std_normalization", "normalize_advantages",
+    ) + _POLICY_LOSS_PARAMS
+
+    # ---- reward stage ----
+
+    def combined_rewards(self, rewards: torch.Tensor) -> torch.Tensor:
+        """``[N]``/``[N, K]`` -> float64 ``[N]``: the ``reward_weights``-weighted sum of the components."""
+        return N.weighted_sum(N.reward_matrix(rewards, self.config.reward_keys), self.config.reward_weights)
+
+    def normalize_rewards(self, rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+        r = self.combined_rewards(rewards)
+        groups = N.Groups(N.check_group_ids(group_ids, r.shape[0]))
+        out = N.group_standardize(r, groups, N.GRPO_STD_EPS, divide_by_std=self.config.grpo_std_normalization)
+        return out.to(torch.float32)
+
+    def group_has_signal(self, rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+        """A group whose combined reward is exactly constant has zero advantages: no signal."""
+        if not self.group_relative:
+            return super().group_has_signal(rewards, group_ids)
+        r = self.combined_rewards(rewards)
+        return N.group_has_spread(r, N.check_group_ids(group_ids, r.shape[0]))
+
+    # ---- advantage stage ----
+
+    def check_normalize_advantages_flag(self) -> None:
+        if self.config.normalize_advantages and self.advantage_normalization == "forbidden":
+            raise ValueError(
+                f"The {self.name!r} algorithm is incompatible with normalize_advantages: it already settles the "
+                "scale of its advantages. Remove --normalize-advantages."
+            )
+
+    def compute_advantages(
+        self, inputs: AdvantageInputs, process_group=None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every valid token gets its sample's normalized reward; optional token-level whitening."""
+        self.check_normalize_advantages_flag()
+        N.check_finite(inputs.rewards, None, process_group, what=f"{self.name} advantages")
+        returns = N.broadcast_to_tokens(inputs.rewards, inputs.response_mask)
+        advantages = returns
+        if self.config.normalize_advantages:
+            advantages = N.masked_whiten(returns, inputs.response_mask, process_group)
+        return advantages, returns
+
+    # ---- policy stage ----
+
+    def log_ratio(self, log_probs: torch.Tensor, old_log_probs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """log(pi / pi_old) per token (GSPO overrides with a sequence-level ratio)."""
+        return log_probs - old_log_probs
+
+    def surrogate(self, log_probs, log_ratio, advantages, mask):
+        """Per-token loss ``[N, T]``, per-token boolean flags (averaged into metrics), scalar metrics."""
+        c = self.config
+        loss, flags = N.ppo_clip_loss(log_ratio, advantages, c.eps_clip, c.eps_clip_high, c.eps_clip_c)
+        return loss, flags, {}
+
+    def policy_loss(self, inputs: PolicyLossInputs) -> PolicyLossOutput:
+        c = self.config
+        mask = inputs.response_mask.to(torch.bool)
+        logp, old, adv, ref, entropy = N.masked_inputs(
+            mask, inputs.log_probs, inputs.old_log_probs, inputs.advantages, inputs.ref_log_probs, inputs.entropy
+        )
+
+        def agg(x):
+            return N.aggregate(x, mask, c.loss_aggregation, global_num_tokens=inputs.global_num_tokens,
+                               global_num_sequences=inputs.global_num_sequences)
+
+        log_ratio = self.log_ratio(logp, old.detach(), mask)
+        per_token, flags, scalars = self.surrogate(logp, log_ratio, adv.detach(), mask)
+        pg_loss = agg(per_token)
+        loss = pg_loss
+        metrics = {"pg_loss": pg_loss.detach(), "ppo_kl": agg(-log_ratio).detach()}
+        metrics.update({k: agg(v.to(per_token.dtype)).detach() for k, v in flags.items()})
+        metrics.update(scalars)
+        if c.entropy_coef != 0.0 and entropy is None:
+            raise ValueError(
+                f"entropy_coef={c.entropy_coef} needs per-token entropy, but PolicyLossInputs.entropy is None; "
+                "have the backend compute it or set --entropy-coef 0"
+            )
+        if entropy is not None:
+            mean_entropy = agg(entropy)
+            metrics["entropy"] = mean_entropy.detach()
+            if c.entropy_coef != 0.0:
+                loss = loss - c.entropy_coef * mean_entropy
+        if c.use_kl_loss:
+            if ref is None:
+                raise ValueError(
+                    "use_kl_loss is on but PolicyLossInputs.ref_log_probs is None; run the reference model "
+                    "(--ref-load) so reference log-probs are computed, or remove --use-kl-loss"
+                )
+            kl_loss = agg(N.kl_estimate(logp, ref.detach(), c.kl_loss_type))
+            metrics["kl_loss"] = kl_loss.detach()
+            loss = loss + c.kl_loss_coef * kl_loss
+        return PolicyLossOutput(loss=loss, metrics=metrics)
+
+
+class GSPO(GRPO):
+    """GSPO: the importance ratio is per sequence, exp(mean_t (logp - logp_old)), clipped like PPO."""
+
+    name = "gspo"
+    paper = "Zheng et al. 2025, Group Sequence Policy Optimization (arXiv:2507.18071)"
+    kl_level = "sequence"
+    needs_full_log_probs = True
+
+    def log_ratio(self, log_probs, old_log_probs, mask):
+        per_token = torch.where(mask, log_probs - old_log_probs, torch.zeros_like(log_probs))
+        seq = per_token.sum(dim=1) / mask.sum(dim=1).clamp(min=1)
+        return seq[:, None].expand_as(log_probs)
+
+
+class SAPO(GRPO):
+    """SAPO: a smooth sigmoid gate (4/tau) * sigmoid(tau (r - 1)) replaces the hard clip."""
+
+    name = "sapo"
+    paper = "Soft Adaptive Policy Optimization (Qwen team, 2025, arXiv:2511.20347)"
+    hyperparameters = GRPO.hyperparameters + ("sapo_tau_pos", "sapo_tau_neg")
+
+    def surrogate(self, log_probs, log_ratio, advantages, mask):
+        ratio = torch.exp(log_ratio)
+        tau = torch.where(advantages > 0, self.config.sapo_tau_pos, self.config.sapo_tau_neg)
+        gate = torch.sigmoid(tau * (ratio - 1.0))
+        loss = -(4.0 / tau) * gate * advantages
+        # The gate's slope 4 s (1 - s) is 1 on-policy; below 0.9 the token is effectively "clipped".
+        return loss, {"pg_clipfrac": 4.0 * gate * (1.0 - gate) < 0.9}, {}
+
+
+class CISPO(GRPO):
+    """CISPO: REINFORCE weighted by a clipped, stop-gradient importance ratio; every token keeps a gradient."""
+
+    name = "cispo"
+    paper = "MiniMax-M1 (arXiv:2506.13585)"
+    hyperparameters = tuple(h for h in GRPO.hyperparameters if h != "eps_clip_c")
+
+    def surrogate(self, log_probs, log_ratio, advantages, mask):
+        c = self.config
+        ratio = torch.exp(log_ratio).detach()
+        positive = advantages >= 0
+        weight = torch.where(positive, ratio.clamp(max=1.0 + c.eps_clip_high), ratio.clamp(min=1.0 - c.eps_clip))
+        clipped = (positive & (ratio > 1.0 + c.eps_clip_high)) | (~positive & (ratio < 1.0 - c.eps_clip))
+        return -weight * advantages * log_probs, {"pg_clipfrac": clipped}, {}

@@ -1,0 +1,640 @@
+"""The shared numerics of every built-in algorithm (pure torch; no algorithm copies any of this).
+
+Sections, in order:
+
+1. input checks (shapes, finiteness) with messages that name the sample and the reward key;
+2. group statistics over arbitrary ``group_ids`` (vectorized scatter reductions, no Python loop
+   over groups; ids need not be contiguous, sorted or small);
+3. batch statistics (two-pass float64 mean / std, whitening, REINFORCE++ token normalization),
+   each reduced over an optional ``process_group`` so shards reproduce the single-process numbers;
+4. KL estimators, terminal-reward placement, GAE and discounted-return scans over masked ``[N, T]``;
+5. loss aggregation and the clipped value loss.
+
+Conventions: statistics that can cancel are computed in float64 with two passes (mean first, then
+the sum of squared deviations); results come back in float32 (or the input's floating dtype).
+Masked positions never contribute: we select with ``torch.where`` rather than multiplying by the
+mask, so a NaN/inf in a padded position cannot leak into a sum (``0 * nan`` is ``nan``).
+
+Distributed rule: every rank reaches every collective. A problem found on one rank (non-finite
+input, malformed ``segment_sizes``) is folded into a collective that all ranks run anyway, and then
+all ranks raise together; raising before a collective would leave the other ranks waiting forever.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+
+# -- constants (named so that tests and docs can refer to them) --
+GRPO_STD_EPS = 1e-6  # GRPO/GSPO/SAPO/CISPO: (r - mean) / (std + GRPO_STD_EPS)
+GDPO_EPS = 1e-4  # GDPO steps 1 and 3 (matches the NVlabs/TRL reference `std + 1e-4`)
+WHITEN_VAR_EPS = 1e-8  # --normalize-advantages: (x - mean) * rsqrt(var + WHITEN_VAR_EPS)
+TOKEN_GLOBAL_VAR_FLOOR = 1e-8  # REINFORCE++: (x - mean) * max(var, floor) ** -1/2
+LOW_VAR_KL_CLAMP = 10.0  # low_var_kl is clamped to [-10, 10]
+KL_ESTIMATORS = ("k1", "k2", "k3", "low_var_kl")
+LOSS_AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum")
+
+# Group ids in [0, DENSE_ID_FACTOR * N + DENSE_ID_SLACK) are used directly as scatter indices
+# (O(N)); anything else is compacted with torch.unique (a sort, O(N log N)).
+_DENSE_ID_FACTOR = 4
+_DENSE_ID_SLACK = 1024
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. input checks
+# ---------------------------------------------------------------------------------------------
+
+
+def first_non_finite(values: torch.Tensor, mask: torch.Tensor | None = None) -> tuple[int, ...] | None:
+    """Index (as a tuple) of the first non-finite element of ``values`` where ``mask`` holds, or None."""
+    bad = ~torch.isfinite(values)
+    if mask is not None:
+        bad = bad & mask
+    if not bool(bad.any()):
+        return None
+    return tuple(int(i) for i in bad.nonzero()[0])
+
+
+def reward_matrix(rewards: torch.Tensor, reward_keys: Sequence[str]) -> torch.Tensor:
+    """Check ``rewards`` (``[N]`` or ``[N, K]``, columns in ``reward_keys`` order) -> float64 ``[N, K]``.
+
+    Raises ``ValueError`` naming the sample and the key of the first non-finite value.
+    """
+    if not isinstance(rewards, torch.Tensor):
+        raise TypeError(f"rewards must be a torch.Tensor, got {type(rewards).__name__}")
+    if rewards.dim() == 1:
+        rewards = rewards[:, None]
+    if rewards.dim() != 2:
+        raise ValueError(f"rewards must be [N] or [N, K], got shape {tuple(rewards.shape)}")
+    if rewards.shape[1] != len(reward_keys):
+        raise ValueError(
+            f"rewards has {rewards.shape[1]} column(s) but reward_keys lists {len(reward_keys)} "
+            f"({', '.join(reward_keys)}); pass one column per reward key, in reward_keys order"
+        )
+    if not (rewards.is_floating_point() or rewards.dtype in (torch.int32, torch.int64)):
+        raise TypeError(f"rewards must be a float tensor, got dtype {rewards.dtype}")
+    where = first_non_finite(rewards) if rewards.is_floating_point() else None
+    if where is not None:
+        i, k = where
+        n_bad = int((~torch.isfinite(rewards)).sum())
+        raise ValueError(
+            f"reward {reward_keys[k]!r} of sample {i} is {rewards[i, k].item()!r} ({n_bad} non-finite value(s) "
+            "in this batch). Reward functions must return finite numbers; fix the reward function or drop "
+            "the sample before normalization."
+        )
+    return rewards.to(torch.float64)
+
+
+def weighted_sum(rewards64: torch.Tensor, weights: Sequence[float]) -> torch.Tensor:
+    """``[N, K]`` float64 -> ``[N]`` float64: sum_k w_k * r_k."""
+    w = torch.tensor(tuple(weights), dtype=torch.float64, device=rewards64.device)
+    if rewards64.shape[1] == 1 and float(w[0]) == 1.0:
+        return rewards64[:, 0].clone()
+    return rewards64 @ w
+
+
+def check_group_ids(group_ids: torch.Tensor, n: int) -> torch.Tensor:
+    """Validate ``group_ids`` (integer ``[N]``) -> int64."""
+    if not isinstance(group_ids, torch.Tensor):
+        raise TypeError(f"group_ids must be a torch.Tensor, got {type(group_ids).__name__}")
+    if group_ids.dim() != 1 or group_ids.shape[0] != n:
+        raise ValueError(f"group_ids must be a 1-D tensor of {n} ids (one per sample), got shape {tuple(group_ids.shape)}")
+    if group_ids.is_floating_point() or group_ids.is_complex() or group_ids.dtype == torch.bool:
+        raise TypeError(f"group_ids must be an integer tensor, got dtype {group_ids.dtype}")
+    return group_ids.to(torch.int64)
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. group statistics
+# ---------------------------------------------------------------------------------------------
+
+
+class Groups:
+    """Samples partitioned by ``group_ids``; reductions are vectorized scatters over the groups.
+
+    ``index[i]`` is the row of sample i's group in every per-group tensor; ``counts[g]`` its size
+    (rows with count 0 are unused slots when the ids are used directly as indices).
+    """
+
+    def __init__(self, group_ids: torch.Tensor):
+        ids = check_group_ids(group_ids, group_ids.shape[0] if isinstance(group_ids, torch.Tensor) else -1)
+        n = ids.shape[0]
+        if n == 0:
+            self.index, self.num_groups = ids, 0
+        else:
+            lo, hi = int(ids.min()), int(ids.max())
+            if lo >= 0 and hi < _DENSE_ID_FACTOR * n + _DENSE_ID_SLACK:
+                self.index, self.num_groups = ids, hi + 1
+            else:
+                uniq, self.index = torch.unique(ids, return_inverse=True)
+                self.num_groups = uniq.shape[0]
+        self.counts = torch.bincount(self.index, minlength=self.num_groups)
+
+    @property
+    def sizes(self) -> torch.Tensor:
+        """Per sample: the size of its group."""
+        return self.counts[self.index]
+
+    def sum(self, x: torch.Tensor) -> torch.Tensor:
+        """Per-group sums of ``x`` (``[N]`` or ``[N, K]``) -> ``[G]`` / ``[G, K]`` (dtype of x)."""
+        out = x.new_zeros((self.num_groups,) + tuple(x.shape[1:]))
+        return out.index_add_(0, self.index, x)
+
+    def _per_row(self, counts: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return counts.to(x.dtype).reshape((-1,) + (1,) * (x.dim() - 1))
+
+    def mean(self, x: torch.Tensor) -> torch.Tensor:
+        """Per-group means ``[G(, K)]``; empty slots give 0."""
+        return self.sum(x) / self._per_row(self.counts.clamp(min=1), x)
+
+    def std(self, x: torch.Tensor, mean: torch.Tensor | None = None) -> torch.Tensor:
+        """Per-group unbiased std, two-pass (mean first). A group of 1 has std 0 (Bessel term clamped)."""
+        mean = self.mean(x) if mean is None else mean
+        dev = x - mean[self.index]
+        ss = self.sum(dev * dev)
+        return (ss / self._per_row((self.counts - 1).clamp(min=1), x)).sqrt()
+
+    def min(self, x: torch.Tensor) -> torch.Tensor:
+        out = x.new_zeros((self.num_groups,) + tuple(x.shape[1:]))
+        idx = self.index.reshape((-1,) + (1,) * (x.dim() - 1)).expand_as(x)
+        return out.scatter_reduce_(0, idx, x, reduce="amin", include_self=False)
+
+    def max(self, x: torch.Tensor) -> torch.Tensor:
+        out = x.new_zeros((self.num_groups,) + tuple(x.shape[1:]))
+        idx = self.index.reshape((-1,) + (1,) * (x.dim() - 1)).expand_as(x)
+        return out.scatter_reduce_(0, idx, x, reduce="amax", include_self=False)
+
+    def is_constant(self, x: torch.Tensor) -> torch.Tensor:
+        """Per sample (and column): is x exactly constant within the sample's group? (min == max)"""
+        return (self.min(x) == self.max(x))[self.index]
+
+    def broadcast(self, per_group: torch.Tensor) -> torch.Tensor:
+        """Per-group values -> per sample."""
+        return per_group[self.index]
+
+
+def group_mean(values: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+    """Per sample: the mean of its group (float64 for float input)."""
+    g = Groups(group_ids)
+    return g.broadcast(g.mean(values))
+
+
+def group_std(values: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+    """Per sample: the unbiased (two-pass) std of its group; 0 for a group of one."""
+    g = Groups(group_ids)
+    return g.broadcast(g.std(values))
+
+
+def group_sizes(group_ids: torch.Tensor) -> torch.Tensor:
+    """Per sample: the number of samples sharing its group id."""
+    return Groups(group_ids).sizes
+
+
+def group_standardize(
+    values: torch.Tensor,
+    group_ids: torch.Tensor | Groups,
+    eps: float,
+    *,
+    divide_by_std: bool = True,
+    zero_constant_groups: bool = False,
+) -> torch.Tensor:
+    """Per group ``(x - mean) / (std + eps)`` (or ``x - mean``), in the dtype of ``values``.
+
+    ``values`` ``[N]`` or ``[N, K]`` (columns standardized independently). With
+    ``zero_constant_groups`` a column that is exactly constant within its group gives exact zeros
+    (min == max on the input values; no tolerance).
+    """
+    g = group_ids if isinstance(group_ids, Groups) else Groups(group_ids)
+    mean = g.mean(values)
+    out = values - g.broadcast(mean)
+    if divide_by_std:
+        out = out / (g.broadcast(g.std(values, mean)) + eps)
+    if zero_constant_groups:
+        out = torch.where(g.is_constant(values), torch.zeros_like(out), out)
+    return out
+
+
+def group_leave_one_out(values: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+    """RLOO: ``x_i - mean_{j != i} x_j`` = ``G/(G-1) * (x_i - mean_g)``; every group needs >= 2 samples."""
+    g = Groups(group_ids)
+    sizes = g.sizes
+    if values.shape[0] and int(sizes.min()) < 2:
+        i = int((sizes < 2).nonzero()[0])
+        raise ValueError(
+            f"leave-one-out baseline needs groups of at least 2 samples, but sample {i} (group id "
+            f"{int(group_ids[i])}) is alone in its group; use --n-samples-per-prompt >= 2 and keep groups whole"
+        )
+    scale = sizes.to(values.dtype) / (sizes - 1).to(values.dtype)
+    return scale * (values - g.broadcast(g.mean(values)))
+
+
+def group_has_spread(values: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+    """Per sample: does its group hold at least two different values (exact comparison)?"""
+    return ~Groups(group_ids).is_constant(values)
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. batch statistics, optionally reduced over a process group
+# ---------------------------------------------------------------------------------------------
+
+
+def _all_reduce(t: torch.Tensor, op, process_group) -> torch.Tensor:
+    if process_group is not None:
+        dist.all_reduce(t, op=op, group=process_group)
+    return t
+
+
+def raise_on_all_ranks(local_message: str | None, process_group, what: str, device=None) -> None:
+    """One MAX all-reduce of an error flag; every rank raises ``ValueError`` if any rank had a problem.
+
+    The rank at fault raises its own message; the others say that another rank reported ``what``.
+    """
+    flag = torch.tensor([1.0 if local_message else 0.0], dtype=torch.float64, device=device)
+    _all_reduce(flag, dist.ReduceOp.MAX, process_group)
+    if float(flag[0]) > 0:
+        raise ValueError(local_message or f"another rank in the process group reported {what}; see its error message")
+
+
+def _non_finite_message(values, mask, what: str) -> str | None:
+    where = first_non_finite(values, mask)
+    if where is None:
+        return None
+    pos = f"sample {where[0]}" + (f", token {where[1]}" if len(where) > 1 else "")
+    return (
+        f"{what} received a non-finite value {values[where].item()!r} at {pos} (on this rank). Check the "
+        "rewards / values feeding it; non-finite numbers are never replaced silently."
+    )
+
+
+def check_finite(values: torch.Tensor, mask: torch.Tensor | None = None, process_group=None, *, what: str) -> None:
+    """Raise ``ValueError`` on every rank if any rank holds a non-finite (valid) value. One collective."""
+    message = _non_finite_message(values, None if mask is None else mask.to(torch.bool), what)
+    raise_on_all_ranks(message, process_group, f"a non-finite value for {what}", device=values.device)
+
+
+def mean_std(
+    values: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    process_group=None,
+    *,
+    unbiased: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Two-pass float64 ``(mean, std, count)`` over the valid entries of ``values``, across the group.
+
+    Two collectives when ``process_group`` is given: SUM of [count, sum], then SUM of the squared
+    deviations. count 0 -> (0, 0, 0). Unbiased std divides by max(count - 1, 1).
+    """
+    x = values.to(torch.float64)
+    valid = torch.ones_like(x, dtype=torch.bool) if mask is None else mask
+    zero = torch.zeros((), dtype=torch.float64, device=x.device)
+    first = torch.stack([valid.sum().to(torch.float64), torch.where(valid, x, zero).sum()])
+    _all_reduce(first, dist.ReduceOp.SUM, process_group)
+    count, total = first[0], first[1]
+    mean = total / count.clamp(min=1)
+    ss = torch.where(valid, (x - mean) ** 2, zero).sum()
+    _all_reduce(ss, dist.ReduceOp.SUM, process_group)
+    denom = (count - 1).clamp(min=1) if unbiased else count.clamp(min=1)
+    return mean, (ss / denom).clamp(min=0).sqrt(), count
+
+
+def _check_segments(segment_sizes, n: int) -> tuple[tuple[int, ...], str | None]:
+    if segment_sizes is None:
+        return (n,), None
+    sizes = tuple(segment_sizes)
+    if not sizes or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in sizes):
+        return (), f"segment_sizes must be a non-empty sequence of non-negative ints, got {segment_sizes!r}"
+    if sum(sizes) != n:
+        return (), f"segment_sizes {sizes} sum to {sum(sizes)}, but this rank holds {n} samples"
+    return sizes, None
+
+
+def whiten_segments(
+    values: torch.Tensor,
+    segment_sizes: Sequence[int] | None = None,
+    process_group=None,
+    *,
+    eps: float = GDPO_EPS,
+    what: str = "batch whitening",
+) -> torch.Tensor:
+    """Sample-level whitening ``(x - mean) / (std + eps)`` of ``values`` ``[N]`` per segment.
+
+    ``segment_sizes`` splits the samples (in order) into consecutive segments, e.g. the optimizer
+    mini-batches; None = one segment. Statistics are two-pass float64 with unbiased std, reduced over
+    ``process_group`` (rank r's segment s is pooled with every other rank's segment s). A segment
+    whose values are all exactly equal across the group (or that is empty) gives exact zeros.
+
+    Errors, raised on every rank: malformed ``segment_sizes``, a different number of segments on
+    different ranks, non-finite values. Collectives: 1 (agreement) + 3 (stats), independent of the
+    number of segments.
+    """
+    if values.dim() != 1:
+        raise ValueError(f"{what} expects per-sample values [N], got shape {tuple(values.shape)}")
+    n, device = values.shape[0], values.device
+    sizes, error = _check_segments(segment_sizes, n)
+    error = error or _non_finite_message(values, None, what)
+    # Agreement: MAX of [-S, S, bad] (a failed rank contributes 0 segments, which is neutral for MAX).
+    s_local = 0 if error else len(sizes)
+    agree = torch.tensor([-s_local, s_local, 1 if error else 0], dtype=torch.int64, device=device)
+    _all_reduce(agree, dist.ReduceOp.MAX, process_group)
+    if int(agree[2]):
+        raise ValueError(error or f"another rank in the process group reported malformed segment_sizes or a "
+                         f"non-finite value for {what}; see its error message")
+    low, high = -int(agree[0]), int(agree[1])
+    if low != high:
+        raise ValueError(
+            f"segment_sizes describes {len(sizes)} segment(s) on this rank, but ranks in the process group report "
+            f"between {low} and {high}; every rank must split its shard into the same number of mini-batches"
+        )
+    n_seg = len(sizes)
+    seg = torch.repeat_interleave(
+        torch.arange(n_seg, device=device), torch.tensor(sizes, dtype=torch.int64, device=device)
+    )
+    x = values.to(torch.float64)
+    f64 = dict(dtype=torch.float64, device=device)
+    first = torch.zeros(n_seg, 2, **f64)
+    first[:, 0].index_add_(0, seg, torch.ones_like(x))
+    first[:, 1].index_add_(0, seg, x)
+    _all_reduce(first, dist.ReduceOp.SUM, process_group)
+    count, mean = first[:, 0], first[:, 1] / first[:, 0].clamp(min=1)
+    dev = x - mean[seg]
+    ss = torch.zeros(n_seg, **f64).index_add_(0, seg, dev * dev)
+    _all_reduce(ss, dist.ReduceOp.SUM, process_group)
+    std = (ss / (count - 1).clamp(min=1)).sqrt()
+    # Exact collapse test: global min == max; an empty shard contributes -inf (identity of MAX).
+    ext = torch.full((n_seg, 2), float("-inf"), **f64)
+    ext[:, 0].scatter_reduce_(0, seg, -x, reduce="amax")
+    ext[:, 1].scatter_reduce_(0, seg, x, reduce="amax")
+    _all_reduce(ext, dist.ReduceOp.MAX, process_group)
+    collapsed = (-ext[:, 0] == ext[:, 1]) | (count == 0)
+    out = dev / (std[seg] + eps)
+    out = torch.where(collapsed[seg], torch.zeros_like(out), out)
+    return out.to(values.dtype if values.is_floating_point() else torch.float32)
+
+
+def masked_whiten(
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    process_group=None,
+    *,
+    eps: float = WHITEN_VAR_EPS,
+    what: str = "advantage whitening (normalize_advantages)",
+) -> torch.Tensor:
+    """Token-level whitening over the valid tokens of the whole (sharded) batch.
+
+    ``(x - mean) * rsqrt(var + eps)`` with unbiased var, two-pass float64; zeros where ``mask`` is
+    false. No valid token anywhere, or a non-finite valid value -> ``ValueError`` on every rank.
+    """
+    return _normalize_tokens(values, mask, process_group, unbiased=True, what=what,
+                             scale=lambda var: (var + eps).rsqrt())
+
+
+def token_global_normalize(
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    process_group=None,
+    *,
+    what: str = "REINFORCE++ token normalization",
+) -> torch.Tensor:
+    """REINFORCE++ global token normalization: population moments over all valid tokens.
+
+    ``(x - mean) * max(var, 1e-8) ** -1/2`` with var = sum((x - mean)^2) / count (ddof 0), two-pass
+    float64; zeros where ``mask`` is false; errors as in ``masked_whiten``.
+    """
+    return _normalize_tokens(values, mask, process_group, unbiased=False, what=what,
+                             scale=lambda var: var.clamp(min=TOKEN_GLOBAL_VAR_FLOOR).rsqrt())
+
+
+def _normalize_tokens(values, mask, process_group, *, unbiased, what, scale):
+    if values.shape != mask.shape:
+        raise ValueError(f"{what}: values {tuple(values.shape)} and mask {tuple(mask.shape)} differ in shape")
+    mask = mask.to(torch.bool)
+    x = values.to(torch.float64)
+    zero = torch.zeros((), dtype=torch.float64, device=x.device)
+    error = _non_finite_message(values, mask, what)
+    # First collective carries the error flag along with [count, sum]: no extra round trip.
+    first = torch.stack([
+        mask.sum().to(torch.float64),
+        torch.where(mask & torch.isfinite(x), x, zero).sum(),
+        torch.tensor(1.0 if error else 0.0, dtype=torch.float64, device=x.device),
+    ])
+    _all_reduce(first, dist.ReduceOp.SUM, process_group)
+    if float(first[2]) > 0:
+        raise ValueError(error or f"another rank in the process group reported a non-finite value for {what}")
+    count = first[0]
+    if float(count) == 0:
+        raise ValueError(f"{what}: there is no valid response token in the whole batch (on any rank)")
+    mean = first[1] / count
+    ss = torch.where(mask, (x - mean) ** 2, zero).sum()
+    _all_reduce(ss, dist.ReduceOp.SUM, process_group)
+    var = ss / ((count - 1).clamp(min=1) if unbiased else count)
+    out = torch.where(mask, (x - mean) * scale(var), zero)
+    return out.to(values.dtype if values.is_floating_point() else torch.float32)
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. KL estimators and return / advantage scans
+# ---------------------------------------------------------------------------------------------
+
+
+def kl_estimate(log_probs: torch.Tensor, base_log_probs: torch.Tensor, kind: str = "k1") -> torch.Tensor:
+    """Per-token estimate of KL(current || base) from log-probs of the sampled tokens.
+
+    With d = log_probs - base_log_probs: k1 = d; k2 = d^2 / 2; k3 = exp(-d) - 1 + d;
+    low_var_kl = k3 clamped to [-10, 10].
+    """
+    d = log_probs - base_log_probs
+    if kind == "k1":
+        return d
+    if kind == "k2":
+        return 0.5 * d * d
+    if kind in ("k3", "low_var_kl"):
+        k3 = torch.expm1(-d) + d
+        return k3.clamp(-LOW_VAR_KL_CLAMP, LOW_VAR_KL_CLAMP) if kind == "low_var_kl" else k3
+    raise ValueError(f"unknown KL estimator {kind!r}; choose one of {', '.join(KL_ESTIMATORS)} (--kl-loss-type)")
+
+
+def broadcast_to_tokens(per_sample: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``[N]`` -> ``[N, T]``: the sample's value on each valid token, 0 elsewhere (float32)."""
+    v = per_sample.to(torch.float32)[:, None].expand(mask.shape)
+    return torch.where(mask.to(torch.bool), v, torch.zeros((), dtype=torch.float32, device=v.device))
+
+
+def last_valid_index(mask: torch.Tensor) -> torch.Tensor:
+    """Per row: the index of the last true position of ``mask``, or -1 if the row has none."""
+    n, t_len = mask.shape
+    if t_len == 0:
+        return torch.full((n,), -1, dtype=torch.int64, device=mask.device)
+    t = torch.arange(t_len, device=mask.device).expand(n, t_len)
+    return torch.where(mask.to(torch.bool), t, torch.full_like(t, -1)).max(dim=1).values
+
+
+def terminal_token_rewards(scores: torch.Tensor, mask: torch.Tensor, dtype=torch.float64) -> torch.Tensor:
+    """``[N]`` -> ``[N, T]``: each score on its row's LAST VALID token (a fully masked row gets nothing)."""
+    out = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
+    last = last_valid_index(mask)
+    rows = (last >= 0).nonzero().squeeze(1)
+    out[rows, last[rows]] = scores[rows].to(dtype)
+    return out
+
+
+def token_rewards(
+    scores: torch.Tensor, mask: torch.Tensor, kl: torch.Tensor | None, kl_coef: float
+) -> torch.Tensor:
+    """``-kl_coef * kl`` on every valid token plus the score on the last valid token; float64, 0 if masked."""
+    mask = mask.to(torch.bool)
+    r = terminal_token_rewards(scores, mask)
+    if kl_coef != 0.0:
+        if kl is None:
+            raise ValueError(
+                f"kl_coef={kl_coef} shapes the rewards with a per-token KL, but AdvantageInputs.kl is None; "
+                "compute it from old and reference log-probs (numerics.kl_estimate) or set --kl-coef 0"
+            )
+        r = r - kl_coef * torch.where(mask, kl.to(torch.float64), torch.zeros((), dtype=torch.float64))
+    return r
+
+
+def gae(
+    rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalized advantage estimation over the valid tokens of each row -> ``(advantages, returns)``.
+
+    delta_t = r_t + gamma * V_next - V_t, A_t = delta_t + gamma * lam * A_next, R_t = A_t + V_t,
+    where "next" is the next VALID token of the row (masked positions are skipped, so holes in the
+    mask are handled) and V after the last valid token is 0. float64 inside; zeros where masked.
+    A Python loop over T (vectorized over rows); the per-step work is a handful of kernels.
+    """
+    mask = mask.to(torch.bool)
+    r, v = rewards.to(torch.float64), values.to(torch.float64)
+    zero = torch.zeros((), dtype=torch.float64, device=r.device)
+    r = torch.where(mask, r, zero)
+    v = torch.where(mask, v, zero)
+    n, t_len = mask.shape
+    adv = torch.zeros((n, t_len), dtype=torch.float64, device=r.device)
+    next_v = torch.zeros(n, dtype=torch.float64, device=r.device)
+    next_a = torch.zeros(n, dtype=torch.float64, device=r.device)
+    for t in range(t_len - 1, -1, -1):
+        m = mask[:, t]
+        a = r[:, t] + gamma * next_v - v[:, t] + (gamma * lam) * next_a
+        adv[:, t] = torch.where(m, a, zero)
+        next_a = torch.where(m, a, next_a)
+        next_v = torch.where(m, v[:, t], next_v)
+    returns = torch.where(mask, adv + v, zero)
+    return adv, returns
+
+
+def discounted_returns(rewards: torch.Tensor, mask: torch.Tensor, gamma: float) -> torch.Tensor:
+    """G_t = sum_{u >= t, u valid} gamma^(#valid tokens between) r_u over valid tokens; float64, 0 if masked.
+
+    gamma == 1 uses a reverse cumulative sum; otherwise the GAE scan with V = 0 and lambda = 1.
+    """
+    mask = mask.to(torch.bool)
+    zero = torch.zeros((), dtype=torch.float64, device=mask.device)
+    r = torch.where(mask, rewards.to(torch.float64), zero)
+    if gamma == 1.0:
+        g = r.flip(1).cumsum(1).flip(1)
+        return torch.where(mask, g, zero)
+    return gae(r, torch.zeros_like(r), mask, gamma, 1.0)[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# 5. loss aggregation and value loss
+# ---------------------------------------------------------------------------------------------
+
+
+def aggregate(
+    per_token: torch.Tensor,
+    mask: torch.Tensor,
+    mode: str = "token_mean",
+    *,
+    global_num_tokens: float | None = None,
+    global_num_sequences: float | None = None,
+) -> torch.Tensor:
+    """Reduce a ``[N, T]`` per-token quantity to a scalar; masked positions never contribute.
+
+    - ``token_mean``: sum over valid tokens / number of valid tokens (or ``global_num_tokens``);
+    - ``seq_mean_token_mean``: mean over sequences of each sequence's token mean;
+    - ``seq_mean_token_sum``: mean over sequences of each sequence's token sum (Dr.GRPO-style).
+
+    "Sequences" are those with at least one valid token; ``global_num_sequences`` replaces their local
+    count as the divisor (so micro-batch losses add up to the mini-batch loss).
+    """
+    mask = mask.to(torch.bool)
+    x = torch.where(mask, per_token, torch.zeros((), dtype=per_token.dtype, device=per_token.device))
+    if mode == "token_mean":
+        denom = global_num_tokens if global_num_tokens is not None else mask.sum().clamp(min=1)
+        return x.sum() / denom
+    tokens_per_seq = mask.sum(dim=1)
+    seq_sum = x.sum(dim=1)
+    if mode == "seq_mean_token_mean":
+        per_seq = seq_sum / tokens_per_seq.clamp(min=1)
+    elif mode == "seq_mean_token_sum":
+        per_seq = seq_sum
+    else:
+        raise ValueError(f"unknown loss_aggregation {mode!r}; choose one of {', '.join(LOSS_AGGREGATIONS)}")
+    denom = global_num_sequences if global_num_sequences is not None else (tokens_per_seq > 0).sum().clamp(min=1)
+    return per_seq.sum() / denom
+
+
+def masked_inputs(mask: torch.Tensor, *tensors: torch.Tensor | None) -> list[torch.Tensor | None]:
+    """Replace masked positions by 0 (keeping autograd): NaN/inf in padding can't reach loss or grads."""
+    mask = mask.to(torch.bool)
+    return [None if t is None else torch.where(mask, t, torch.zeros((), dtype=t.dtype, device=t.device))
+            for t in tensors]
+
+
+def value_loss(
+    values: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    mask: torch.Tensor,
+    value_clip: float | None = 0.2,
+    mode: str = "token_mean",
+    *,
+    global_num_tokens: float | None = None,
+    global_num_sequences: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Clipped critic loss ``max((V - R)^2, (V_old + clip(V - V_old, ±c) - R)^2)`` -> (loss, clipfrac).
+
+    ``value_clip`` None disables the clipped term. Aggregated like the policy loss.
+    """
+    values, old_values, returns = masked_inputs(mask, values, old_values, returns)
+    unclipped = (values - returns) ** 2
+    if value_clip is None:
+        per_token, clipped_more = unclipped, torch.zeros_like(unclipped, dtype=torch.bool)
+    else:
+        v_clip = old_values + (values - old_values).clamp(-value_clip, value_clip)
+        clipped = (v_clip - returns) ** 2
+        per_token, clipped_more = torch.maximum(unclipped, clipped), clipped > unclipped
+    kw = dict(global_num_tokens=global_num_tokens, global_num_sequences=global_num_sequences)
+    loss = aggregate(per_token, mask, mode, **kw)
+    clipfrac = aggregate(clipped_more.to(per_token.dtype), mask, mode, **kw).detach()
+    return loss, clipfrac
+
+
+def ppo_clip_loss(
+    log_ratio: torch.Tensor,
+    advantages: torch.Tensor,
+    eps_low: float,
+    eps_high: float,
+    dual_clip: float | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Per-token PPO clipped surrogate (negated) -> ``(loss [N, T], {flag name: bool [N, T]})``.
+
+    L = max(-r A, -clip(r, 1 - eps_low, 1 + eps_high) A) with r = exp(log_ratio); flag
+    ``pg_clipfrac`` marks tokens where the clipped term wins. Dual clip (``dual_clip`` = c > 1): for
+    A < 0 the loss is capped at -c A, so a huge ratio on a negative-advantage token cannot blow up
+    the loss; flag ``dual_clipfrac`` marks the tokens where the cap acts.
+    """
+    ratio = torch.exp(log_ratio)
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
+    loss = torch.maximum(unclipped, clipped)
+    flags = {"pg_clipfrac": clipped > unclipped}
+    if dual_clip is not None:
+        cap = -advantages * dual_clip
+        capped = (advantages < 0) & (loss > cap)
+        loss = torch.where(capped, cap, loss)
+        flags["dual_clipfrac"] = capped
+    return loss, flags

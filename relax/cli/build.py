@@ -1,0 +1,128 @@
+"""Turn parsed ``relax train`` arguments into a ``RunConfig`` and the algorithm class.
+
+This is where defaults that depend on other settings are filled in (reward keys from the built-in
+task, run name, output directory) and where the user's hooks are imported, so that a typo in a
+``module:function`` path fails here, before any process starts. The capability rules live in
+``validation.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import time
+from pathlib import Path
+
+import attrs
+
+from relax.algorithms import load_algorithm
+from relax.algorithms.base import RLAlgorithm
+from relax.algorithms.config import AlgorithmConfig
+from relax.cli.arguments import ALGORITHM_FIELDS, RUN_FIELDS
+from relax.cli.validation import ConfigError
+from relax.rollout.rewards import SCALAR_REWARD_KEY, load_function, load_reward_function
+from relax.runtime.config import RunConfig
+
+DEFAULT_OUTPUT_ROOT = "outputs"
+
+
+def default_reward_keys(task_name: str) -> tuple[str, ...]:
+    """The reward components of built-in task ``task_name`` (its ``reward_keys``).
+
+    Imported lazily: the task registry pulls in the embedded model's tokenizer.
+    """
+    try:
+        from relax.rollout.tasks import get_task
+    except ImportError as exc:
+        raise ConfigError([f"the built-in tasks cannot be imported ({exc}); pass --prompt-data and --custom-rm-path"])
+    try:
+        task = get_task(task_name)
+    except (KeyError, ValueError) as exc:
+        message = exc.args[0] if exc.args else str(exc)
+        raise ConfigError([f"--task {task_name}: {message}"]) from None
+    return tuple(task.reward_keys)
+
+
+def _flag_for(parser: argparse.ArgumentParser, dest: str) -> str:
+    for action in parser._actions:
+        if action.dest == dest and action.option_strings:
+            return action.option_strings[0]
+    return dest
+
+
+def _algorithm_config(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> AlgorithmConfig:
+    values = {name: getattr(ns, name) for name in ALGORITHM_FIELDS if hasattr(ns, name)}
+    try:
+        return AlgorithmConfig(**values)
+    except (TypeError, ValueError) as exc:
+        message = str(exc)
+        # name the flag of the field the message is about (messages start with, or mention, the field)
+        mentioned = [f for f in ALGORITHM_FIELDS if re.search(rf"\b{f}\b", message)]
+        flag = _flag_for(parser, max(mentioned, key=len)) if mentioned else "configuration"
+        raise ConfigError([f"argument {flag}: {message}"]) from None
+
+
+def _check_paths(ns: argparse.Namespace, errors: list[str]) -> None:
+    for dest, flag in (("prompt_data", "--prompt-data"), ("hf_checkpoint", "--hf-checkpoint"),
+                       ("ref_load", "--ref-load"), ("load", "--load")):
+        path = getattr(ns, dest, None)
+        if path is not None and not Path(path).exists():
+            errors.append(f"{flag} {path}: no such file or directory")
+
+
+def _load_hooks(ns: argparse.Namespace, errors: list[str]) -> None:
+    if ns.custom_rm_path:
+        try:
+            load_reward_function(ns.custom_rm_path)
+        except ValueError as exc:
+            errors.append(str(exc))
+    for dest, flag in (("custom_reward_post_process_path", "--custom-reward-post-process-path"),
+                       ("dynamic_sampling_filter_path", "--dynamic-sampling-filter-path")):
+        spec = getattr(ns, dest)
+        if spec:
+            try:
+                load_function(spec, flag)
+            except ValueError as exc:
+                errors.append(str(exc))
+
+
+def _default_run_name(spec: str) -> str:
+    label = re.sub(r"[^A-Za-z0-9_.-]+", "_", spec.rpartition(":")[2] or spec)
+    return f"{label}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def build_run_config(
+    ns: argparse.Namespace, parser: argparse.ArgumentParser
+) -> tuple[RunConfig, type[RLAlgorithm]]:
+    """Load the algorithm class, fill derived defaults and build the (not yet validated) RunConfig."""
+    try:
+        algorithm = load_algorithm(ns.advantage_estimator)
+    except (KeyError, ValueError, TypeError) as exc:
+        message = exc.args[0] if exc.args else str(exc)
+        raise ConfigError([f"argument --advantage-estimator: {message}"]) from None
+
+    errors: list[str] = []
+    _check_paths(ns, errors)
+    _load_hooks(ns, errors)
+    if errors:
+        raise ConfigError(errors)
+
+    if ns.reward_keys is None:
+        if ns.prompt_data or ns.custom_rm_path:
+            ns.reward_keys = [SCALAR_REWARD_KEY]
+        else:
+            ns.reward_keys = list(default_reward_keys(ns.task))
+    elif ns.prompt_data is None:
+        default_reward_keys(ns.task)  # still check that --task names a built-in task
+
+    run_name = ns.run_name or _default_run_name(ns.advantage_estimator)
+    output_dir = ns.output_dir or str(Path(DEFAULT_OUTPUT_ROOT) / run_name)
+    run_values = {name: getattr(ns, name) for name in RUN_FIELDS if hasattr(ns, name)}
+    run_values.update(run_name=run_name, output_dir=output_dir)
+    config = RunConfig(algorithm=_algorithm_config(ns, parser), **run_values)
+    return config, algorithm
+
+
+def with_algorithm(config: RunConfig, **changes) -> RunConfig:
+    """``config`` with some AlgorithmConfig fields replaced (tests and scripts)."""
+    return attrs.evolve(config, algorithm=config.algorithm.replace(**changes))

@@ -1,0 +1,105 @@
+"""``relax`` entry point: ``relax train`` and ``relax algorithms``.
+
+A rejected configuration exits with status 2 and the message on stderr (the argparse convention),
+before any process starts; ray is imported only once ``relax train`` hands an accepted configuration
+to ``relax.runtime.train.run``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import yaml
+
+from relax.cli.algorithms_cmd import add_algorithms_arguments, run_algorithms
+from relax.cli.arguments import HelpFormatter, add_train_arguments
+from relax.cli.build import build_run_config
+from relax.cli.config_file import ConfigFileError, config_to_dict, read_config_file, write_effective_config
+from relax.cli.validation import ConfigError, resolve_batch_shape, validate
+from relax.runtime.config import RunConfig
+
+TRAIN_DESCRIPTION = """\
+Train a policy with an RL method. Everything is checked before any process starts; a rejected
+configuration exits with status 2 and says which flag to change.
+
+examples:
+  relax train                                     # GRPO on the built-in task and tiny model
+  relax train --advantage-estimator gdpo --reward-keys correct format
+  relax train --config run.yaml --lr 1e-4         # flags override the file
+  relax train --advantage-estimator my_pkg.algos:MyMethod
+"""
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    parser = argparse.ArgumentParser(
+        prog="relax", description="relax: RL post-training of language models (one RL method = one class)."
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    train = commands.add_parser(
+        "train", help="train a policy", description=TRAIN_DESCRIPTION, formatter_class=HelpFormatter,
+        # the full usage line lists ~60 flags and would bury an error message; --help shows them all
+        usage="relax train [options]   (relax train --help lists every flag)",
+    )
+    add_train_arguments(train)
+    train.add_argument("--dry-run", dest="dry_run", action="store_true",
+                       help="validate, print the effective configuration as YAML and exit (starts nothing)")
+    algorithms = commands.add_parser(
+        "algorithms", help="list the RL methods and their capabilities",
+        description="List the registered RL methods and their capabilities, or show one of them.",
+    )
+    add_algorithms_arguments(algorithms)
+    return parser, {"train": train, "algorithms": algorithms}
+
+
+def prepare_train_config(argv: list[str], parser, train_parser) -> tuple[RunConfig, argparse.Namespace]:
+    """Parse, merge ``--config``, build and validate; exits with status 2 on any error."""
+    args = parser.parse_args(argv)
+    if args.config:
+        try:
+            file_values = read_config_file(args.config, train_parser)
+        except ConfigFileError as exc:
+            train_parser.error(f"--config {args.config}: {exc}")
+        # The file's values become defaults, so flags given on the command line win; the merged
+        # result is validated below exactly like a command line.
+        train_parser.set_defaults(**file_values)
+        args = parser.parse_args(argv)
+    try:
+        config, algorithm = build_run_config(args, train_parser)
+        for warning in validate(config, algorithm):
+            print(f"{train_parser.prog}: warning: {warning}", file=sys.stderr)
+        config = resolve_batch_shape(config, algorithm)
+    except ConfigError as exc:
+        if len(exc.errors) == 1:
+            train_parser.error(exc.errors[0])
+        train_parser.error("invalid configuration:\n" + "\n".join(f"  - {e}" for e in exc.errors))
+    return config, args
+
+
+def run_train(config: RunConfig):
+    """Write ``<output_dir>/config.yaml`` and start the runtime (imported here: it imports ray)."""
+    path = write_effective_config(config)
+    print(f"relax train: effective configuration written to {path}", file=sys.stderr)
+    from relax.runtime.train import run
+
+    return run(config)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser, subparsers = build_parser()
+    if argv[:1] == ["train"]:
+        config, args = prepare_train_config(argv, parser, subparsers["train"])
+        if args.dry_run:
+            print(yaml.safe_dump(config_to_dict(config), sort_keys=False), end="")
+            return 0
+        run_train(config)
+        return 0
+    args = parser.parse_args(argv)
+    if args.command == "algorithms":
+        return run_algorithms(args, subparsers["algorithms"])
+    parser.error(f"unknown command {args.command!r}")  # unreachable: argparse checks choices
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,243 @@
+"""Reward functions: loading a user function, calling it, and checking what it returns.
+
+Built-in and user reward functions share one signature (see ``relax.rollout.base``)::
+
+    def reward(prompt: str, completion: str, label, metadata: Mapping) -> float | Mapping[str, float]
+
+``async def`` works too. A plain number is the single component ``"reward"``. The returned values
+become a float64 ``[N, K]`` matrix whose columns follow ``reward_keys``. Every bad value stops the
+run with the sample index, the function's name, the key and the value (DESIGN.md §3); nothing is
+silently replaced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+import math
+import numbers
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+SCALAR_REWARD_KEY = "reward"
+FLOAT32_MAX = float(torch.finfo(torch.float32).max)
+
+RewardFunction = Callable[[str, str, Any, Mapping], Any]
+
+
+class RewardError(ValueError):
+    """A reward function raised or returned something that cannot be trained on."""
+
+
+def function_name(fn: Callable) -> str:
+    """A readable name for error messages: ``module.qualname`` when available."""
+    qualname = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
+    module = getattr(fn, "__module__", None)
+    return f"{module}.{qualname}" if module else qualname
+
+
+def load_function(spec: str, flag: str = "--custom-rm-path") -> Callable:
+    """Import ``package.module:function`` (or ``package.module.function``) and return the callable.
+
+    ``flag`` is only used in error messages, so that a user sees which option to fix.
+    """
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError(f"{flag} needs 'package.module:function', got {spec!r}")
+    if ":" in spec:
+        module_name, _, attr = spec.partition(":")
+    else:  # upstream style: the last dotted component is the function
+        module_name, _, attr = spec.rpartition(".")
+    if not module_name or not attr or ":" in attr:
+        raise ValueError(
+            f"{flag} {spec!r} is malformed: expected 'package.module:function', e.g. 'my_rewards:score'"
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        raise ValueError(
+            f"{flag} {spec!r}: cannot import module {module_name!r} ({exc}). Make sure it is on "
+            "PYTHONPATH or installed (relax runs from the current working directory)."
+        ) from exc
+    except Exception as exc:  # the user's module itself failed while importing
+        raise ValueError(
+            f"{flag} {spec!r}: importing module {module_name!r} raised {type(exc).__name__}: {exc}"
+        ) from exc
+    try:
+        fn = getattr(module, attr)
+    except AttributeError:
+        public = sorted(n for n, v in vars(module).items() if not n.startswith("_") and callable(v))
+        raise ValueError(
+            f"{flag} {spec!r}: module {module_name!r} has no attribute {attr!r}. "
+            f"Its public callables: {', '.join(public) or 'none'}."
+        ) from None
+    if not callable(fn):
+        raise ValueError(f"{flag} {spec!r}: {attr!r} is a {type(fn).__name__}, not a function")
+    return fn
+
+
+def load_reward_function(spec: str) -> RewardFunction:
+    """Load the ``--custom-rm-path`` reward function and check it accepts the four arguments."""
+    fn = load_function(spec, "--custom-rm-path")
+    try:
+        inspect.signature(fn).bind("prompt", "completion", None, {})
+    except TypeError as exc:
+        raise ValueError(
+            f"--custom-rm-path {spec!r}: {function_name(fn)} must accept (prompt, completion, label, "
+            f"metadata); its signature is {inspect.signature(fn)} ({exc})"
+        ) from None
+    except ValueError:  # builtins without a signature: nothing to check
+        pass
+    return fn
+
+
+# -- calling -----------------------------------------------------------------------------------
+
+
+def _run_coroutines(coroutines: list) -> list:
+    """Await ``coroutines`` concurrently and return their results in order.
+
+    Works both from plain code and from inside a running event loop (e.g. an async Ray actor), where
+    ``asyncio.run`` is not allowed: then a helper thread runs its own loop.
+    """
+
+    async def gather():
+        return await asyncio.gather(*coroutines, return_exceptions=True)
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(gather())
+    box: dict[str, Any] = {}
+
+    def target():
+        try:
+            box["result"] = asyncio.run(gather())
+        except BaseException as exc:  # re-raised in the caller's thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=target, name="relax-reward-async")
+    thread.start()
+    thread.join()
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
+
+
+def call_reward_function(
+    fn: RewardFunction,
+    prompts: Sequence[str],
+    completions: Sequence[str],
+    labels: Sequence[Any],
+    metadata: Sequence[Mapping],
+) -> list:
+    """Call ``fn`` once per sample (sync or async) and return the raw values, in sample order.
+
+    A raising call becomes a ``RewardError`` naming the sample index and the function, chained to
+    the original exception.
+    """
+    n = len(prompts)
+    if not (len(completions) == len(labels) == len(metadata) == n):
+        raise ValueError(
+            f"call_reward_function needs equally long inputs, got prompts={n}, completions="
+            f"{len(completions)}, labels={len(labels)}, metadata={len(metadata)}"
+        )
+    name = function_name(fn)
+    values: list = [None] * n
+    pending: dict[int, Any] = {}
+    for i in range(n):
+        try:
+            value = fn(prompts[i], completions[i], labels[i], metadata[i])
+        except Exception as exc:
+            raise RewardError(f"sample {i}: reward function {name} raised {type(exc).__name__}: {exc}") from exc
+        if inspect.isawaitable(value):
+            pending[i] = value
+        else:
+            values[i] = value
+    if pending:
+        results = _run_coroutines(list(pending.values()))
+        for i, result in zip(pending, results):
+            if isinstance(result, BaseException):
+                raise RewardError(
+                    f"sample {i}: reward function {name} raised {type(result).__name__}: {result}"
+                ) from result
+            values[i] = result
+    return values
+
+
+# -- checking ----------------------------------------------------------------------------------
+
+
+def _is_bool(value) -> bool:
+    # numpy.bool_ is neither bool nor numbers.Real; catch it by name so the message says "bool".
+    return isinstance(value, bool) or type(value).__name__ in ("bool_", "bool")
+
+
+def _as_float(value, *, index: int, name: str, key: str) -> float:
+    where = f"sample {index}: reward function {name} returned {key!r} = {value!r}"
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1 or value.dtype == torch.bool:
+            raise RewardError(f"{where}; expected a number (a one-element, non-bool tensor at most)")
+        value = value.item()
+    if _is_bool(value):
+        raise RewardError(f"{where}, a bool; return a number instead (e.g. float({value!r}))")
+    if not isinstance(value, numbers.Real):
+        raise RewardError(f"{where} of type {type(value).__name__}; expected a real number")
+    number = float(value)
+    if not math.isfinite(number):
+        raise RewardError(f"{where}, which is not finite; fix the reward function (relax never replaces NaN/inf)")
+    if abs(number) > FLOAT32_MAX:
+        raise RewardError(
+            f"{where}, which overflows float32 (|value| > {FLOAT32_MAX:.4e}); rescale the reward"
+        )
+    return number
+
+
+def reward_matrix(values: Sequence[Any], reward_keys: Sequence[str], function: str = "reward function") -> torch.Tensor:
+    """Turn per-sample reward values into a float64 ``[N, K]`` matrix in ``reward_keys`` order.
+
+    Each value is a number (the component ``"reward"``) or a mapping ``key -> number``; extra keys
+    in a mapping are allowed (e.g. a score only used for logging). ``function`` names the reward
+    function in error messages.
+    """
+    keys = tuple(reward_keys)
+    if not keys:
+        raise ValueError("reward_keys must name at least one reward component")
+    rows = []
+    for i, value in enumerate(values):
+        if isinstance(value, Mapping):
+            components = value
+        elif _is_bool(value) or isinstance(value, (numbers.Real, torch.Tensor)):
+            components = {SCALAR_REWARD_KEY: value}
+        else:
+            raise RewardError(
+                f"sample {i}: reward function {function} returned {value!r} of type {type(value).__name__}; "
+                "expected a number or a mapping of reward component name -> number"
+            )
+        row = []
+        for key in keys:
+            if key not in components:
+                got = ", ".join(map(str, components)) or "nothing"
+                raise RewardError(
+                    f"sample {i}: reward function {function} returned no component {key!r} (it returned: "
+                    f"{got}); the configured reward keys are {', '.join(keys)} (--reward-keys)"
+                )
+            row.append(_as_float(components[key], index=i, name=function, key=key))
+        rows.append(row)
+    return torch.tensor(rows, dtype=torch.float64).reshape(len(rows), len(keys))
+
+
+def score(
+    fn: RewardFunction,
+    prompts: Sequence[str],
+    completions: Sequence[str],
+    labels: Sequence[Any],
+    metadata: Sequence[Mapping],
+    reward_keys: Sequence[str],
+) -> torch.Tensor:
+    """Call ``fn`` on every sample and return the checked float64 ``[N, K]`` reward matrix."""
+    values = call_reward_function(fn, prompts, completions, labels, metadata)
+    return reward_matrix(values, reward_keys, function_name(fn))

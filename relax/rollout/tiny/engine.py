@@ -6,8 +6,8 @@ True; later columns are ``<pad>`` with mask False). The response width is the lo
 
 ``Generation.log_probs`` are the log-probs of the sampled tokens under the distribution actually
 sampled from: logits divided by the temperature, then restricted to the top-p nucleus and
-renormalised. With temperature 1 and top-p 1 (the default recipe) they equal the trainer's
-``compute_log_probs`` up to float rounding.
+renormalised. Temperature 0 means greedy decoding (log-probs 0). With temperature 1 and top-p 1
+(the default recipe) they equal the trainer's ``compute_log_probs`` up to float rounding.
 """
 
 from __future__ import annotations
@@ -59,8 +59,8 @@ class TinyEngine(GenerationEngine):
     def generate(
         self, prompt_ids: list[list[int]], params: SamplingParams, generator: torch.Generator | None = None
     ) -> Generation:
-        if params.temperature <= 0:
-            raise ValueError(f"temperature must be > 0 for sampling, got {params.temperature}")
+        if params.temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {params.temperature}")
         if not 0.0 < params.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {params.top_p}")
         if params.max_new_tokens < 1:
@@ -77,8 +77,12 @@ class TinyEngine(GenerationEngine):
         mask_so_far = prompt_mask
         done = torch.zeros(n, dtype=torch.bool)
         for _ in range(params.max_new_tokens):
-            lp = sampling_log_probs(next_logits, params.temperature, params.top_p)
-            token = torch.multinomial(lp.exp(), 1, generator=generator).squeeze(1)
+            if params.temperature == 0:  # greedy: the sampled distribution is a point mass
+                token = next_logits.argmax(dim=-1)
+                lp = torch.full_like(next_logits, float("-inf")).scatter(1, token[:, None], 0.0)
+            else:
+                lp = sampling_log_probs(next_logits, params.temperature, params.top_p)
+                token = torch.multinomial(lp.exp(), 1, generator=generator).squeeze(1)
             live = ~done
             token = torch.where(live, token, torch.full_like(token, pad))
             tokens.append(token)

@@ -1,0 +1,72 @@
+"""Built-in tasks by name: prompt source, reward function, reward keys, tokenizer and engine.
+
+``get_task("addition")`` is the embedded default of ``relax train`` (no model or data named).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import attrs
+
+from relax.rollout.tasks import addition
+from relax.rollout.tiny.tokenizer import TinyTokenizer
+
+
+def _warmup_engine():
+    from relax.rollout.tiny.engine import TinyEngine
+    from relax.rollout.tiny.warmup import load_warmup_model
+
+    return TinyEngine(load_warmup_model())
+
+
+@attrs.frozen(kw_only=True)
+class Task:
+    name: str
+    description: str
+    reward_keys: tuple[str, ...]
+    reward_fn: Callable  # (prompt, completion, label, metadata) -> {component: float}
+    make_prompts: Callable[[int], object]  # seed -> a resumable prompt source (next_batch, state_dict)
+    make_tokenizer: Callable[[], TinyTokenizer] = TinyTokenizer
+    make_engine: Callable[[], object] = _warmup_engine  # the warm-up model in a TinyEngine
+    max_new_tokens: int = addition.MAX_NEW_TOKENS
+
+
+def _addition_task(name: str, components: tuple[str, ...], description: str) -> Task:
+    return Task(
+        name=name,
+        description=description,
+        reward_keys=components,
+        reward_fn=addition.make_reward_fn(components),
+        make_prompts=addition.AdditionPrompts,
+    )
+
+
+BUILTIN_TASKS: tuple[Task, ...] = (
+    _addition_task("addition", addition.BASE_COMPONENTS, "single-digit addition, 4 reward components"),
+    _addition_task(
+        "addition-brevity",
+        addition.BASE_COMPONENTS + ("brevity",),
+        "addition plus a brevity component (1 - len/8 if it stops) that conflicts with two-digit answers",
+    ),
+    _addition_task(
+        "addition-judge",
+        addition.BASE_COMPONENTS + ("judge",),
+        "addition plus a reproducible coin-flip 'judge' component that carries no signal",
+    ),
+)
+_BY_NAME = {t.name: t for t in BUILTIN_TASKS}
+
+
+def task_names() -> tuple[str, ...]:
+    return tuple(_BY_NAME)
+
+
+def get_task(name: str) -> Task:
+    try:
+        return _BY_NAME[name]
+    except KeyError:
+        raise KeyError(f"unknown task {name!r} (--task); built-in tasks: {', '.join(_BY_NAME)}") from None
+
+
+__all__ = ["BUILTIN_TASKS", "Task", "get_task", "task_names"]

@@ -1,0 +1,158 @@
+"""The supervised warm-up that makes the embedded default learnable, and the shipped checkpoint.
+
+Why: from random init, RL on the addition task learns format and length but correctness collapses
+onto the best constant answer. A short supervised phase on *deliberately flawed* demonstrations
+puts every reward component mid-range, so RL has something to explore from (see
+``shared/notes/embedded-default.md``).
+
+Each demonstration independently: has the right answer or a wrong one (p = 0.5 each); has intact
+tags ``<a>…</a>`` or broken ones (p = 0.5: opening tag dropped, closing tag dropped, both dropped,
+or the two swapped); stops with ``<eos>`` or never stops (p = 0.5: filled with random
+non-special tokens up to 8). Recipe: 400 steps, batch 64, AdamW lr 3e-3, cross-entropy on the
+response tokens only.
+
+``python -m relax.rollout.tiny.warmup --out relax/rollout/tiny/checkpoint/warmup.pt`` regenerates
+the shipped checkpoint (deterministic: fixed seed, one thread) and prints its base rates;
+``load_warmup_model()`` loads the shipped one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from relax.rollout.base import SamplingParams
+from relax.rollout.tasks.addition import (
+    BASE_COMPONENTS,
+    MAX_NEW_TOKENS,
+    AdditionPrompts,
+    prompt_text,
+    score_components,
+)
+from relax.rollout.tiny.engine import TinyEngine
+from relax.rollout.tiny.model import TinyCausalLM, TinyLMConfig
+from relax.rollout.tiny.tokenizer import DIGITS, TinyTokenizer
+
+CHECKPOINT = Path(__file__).parent / "checkpoint" / "warmup.pt"
+RECIPE = {"steps": 400, "batch_size": 64, "lr": 3e-3, "seed": 0}
+_TOK = TinyTokenizer()
+_FILLER = [*DIGITS, "+", "=", "<a>", "</a>"]
+
+
+def flawed_demonstration(rng: random.Random) -> tuple[str, str]:
+    """One (prompt, completion) pair with independent flaws (see the module docstring)."""
+    a, b = rng.randint(0, 9), rng.randint(0, 9)
+    answer = a + b if rng.random() < 0.5 else rng.choice([v for v in range(19) if v != a + b])
+    tokens = ["<a>", *str(answer), "</a>"]
+    if rng.random() < 0.5:
+        broken = rng.choice(("no_open", "no_close", "none", "swapped"))
+        if broken == "no_open":
+            tokens = tokens[1:]
+        elif broken == "no_close":
+            tokens = tokens[:-1]
+        elif broken == "none":
+            tokens = tokens[1:-1]
+        else:
+            tokens = ["</a>", *tokens[1:-1], "<a>"]
+    if rng.random() < 0.5:
+        tokens.append("<eos>")
+    else:
+        tokens += [rng.choice(_FILLER) for _ in range(MAX_NEW_TOKENS - len(tokens))]
+    return prompt_text(a, b), "".join(tokens)
+
+
+def _demo_batch(rng: random.Random, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> ``(input_ids [n, 5 + 8], loss_mask [n, 12])``; the mask marks targets that are responses."""
+    rows, masks = [], []
+    for _ in range(n):
+        prompt, completion = flawed_demonstration(rng)
+        p, c = _TOK.encode(prompt), _TOK.encode(completion)
+        pad = MAX_NEW_TOKENS - len(c)
+        rows.append(p + c + [_TOK.pad_id] * pad)
+        # target t+1 is predicted from column t; only response tokens are targets.
+        masks.append([False] * (len(p) - 1) + [True] * len(c) + [False] * pad)
+    return torch.tensor(rows), torch.tensor(masks)
+
+
+def train_warmup(
+    steps: int = RECIPE["steps"], batch_size: int = RECIPE["batch_size"], lr: float = RECIPE["lr"], seed: int = RECIPE["seed"]
+) -> TinyCausalLM:
+    torch.manual_seed(seed)
+    model = TinyCausalLM(TinyLMConfig())
+    rng = random.Random(seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    for _ in range(steps):
+        ids, mask = _demo_batch(rng, batch_size)
+        logits = model(ids[:, :-1])  # no padding inside the prompt: every prompt has 5 tokens
+        loss = F.cross_entropy(logits[mask], ids[:, 1:][mask])
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+    return model.eval()
+
+
+def measure_base_rates(model: TinyCausalLM, n: int = 512, seed: int = 12345, temperature: float = 1.0) -> dict[str, float]:
+    """Mean of every reward component over ``n`` completions sampled at ``temperature``."""
+    engine = TinyEngine(model)
+    prompts = AdditionPrompts(seed).next_batch(n)
+    gen = engine.generate(
+        [_TOK.encode(p.text) for p in prompts],
+        SamplingParams(temperature=temperature, max_new_tokens=MAX_NEW_TOKENS),
+        torch.Generator().manual_seed(seed),
+    )
+    totals = dict.fromkeys(BASE_COMPONENTS, 0.0)
+    for p, completion in zip(prompts, engine.decode_responses(gen)):
+        for k, v in score_components(p.text, completion, p.label, p.metadata).items():
+            totals[k] += v
+    return {k: v / n for k, v in totals.items()}
+
+
+def save_checkpoint(model: TinyCausalLM, path: Path, base_rates: dict[str, float]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
+    torch.save({"config": model.config.to_dict(), "model": state, "recipe": RECIPE, "base_rates": base_rates}, path)
+
+
+def load_warmup_model(path: str | Path | None = None) -> TinyCausalLM:
+    """The shipped warm-up model (or the checkpoint at ``path``)."""
+    path = Path(path) if path is not None else CHECKPOINT
+    if not path.exists():
+        raise FileNotFoundError(
+            f"no warm-up checkpoint at {path}; regenerate it with python -m relax.rollout.tiny.warmup --out {path}"
+        )
+    ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    model = TinyCausalLM(TinyLMConfig(**ckpt["config"]))
+    model.load_state_dict(ckpt["model"])
+    return model.eval()
+
+
+def warmup_base_rates(path: str | Path | None = None) -> dict[str, float]:
+    """The base rates recorded in the checkpoint when it was made (``measure_base_rates``)."""
+    path = Path(path) if path is not None else CHECKPOINT
+    return dict(torch.load(path, map_location="cpu", weights_only=True)["base_rates"])
+
+
+def main(argv=None) -> dict[str, float]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=CHECKPOINT, help="where to write the checkpoint")
+    parser.add_argument("--seed", type=int, default=RECIPE["seed"])
+    parser.add_argument("--steps", type=int, default=RECIPE["steps"])
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)  # determinism across machines and no contention on shared CPUs
+    start = time.perf_counter()
+    model = train_warmup(steps=args.steps, seed=args.seed)
+    seconds = time.perf_counter() - start
+    rates = measure_base_rates(model)
+    save_checkpoint(model, args.out, rates)
+    print(f"warm-up: {args.steps} steps in {seconds:.1f} s -> {args.out} ({args.out.stat().st_size / 1024:.0f} KiB)")
+    print("base rates (512 samples, temperature 1): " + ", ".join(f"{k}={v:.3f}" for k, v in rates.items()))
+    return rates
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,182 @@
+"""``HFEngine``: batched, KV-cached sampling from a Hugging Face causal LM.
+
+Our own loop over the model's KV cache rather than ``model.generate``: it returns, for every chosen
+token, the exact log-prob under the distribution the token was drawn from, computed from the same
+logits tensor (no second pass, no processor stack that could reorder or rescale scores).
+
+Log-prob convention (the same as ``TinyEngine``): the log-prob of the chosen token under the
+distribution it was actually drawn from -- ``logits / temperature``, restricted to the top-p nucleus
+and renormalised. With top-p 1 this is ``log_softmax(logits / temperature)``, which is exactly what
+``TorchBackend(temperature=...)`` computes for the same weights (up to float rounding between a
+cached and an uncached forward pass). With top-p < 1 the trainer's log-probs differ on purpose: it
+scores the full distribution.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping, Sequence
+
+import torch
+
+from relax.backends.base import TokenBatch
+from relax.rollout.base import Generation, GenerationEngine, SamplingParams
+from relax.rollout.hf.loading import HFTokenizer
+
+
+def left_pad(prompt_ids: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[N, P]`` int64 ids (left-padded with ``pad_id``) and their bool mask."""
+    if len(prompt_ids) == 0:
+        raise ValueError("generate() needs at least one prompt")
+    for i, ids in enumerate(prompt_ids):
+        if len(ids) == 0:
+            raise ValueError(f"prompt {i} is empty: every prompt needs at least one token")
+    width = max(len(ids) for ids in prompt_ids)
+    ids = torch.full((len(prompt_ids), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompt_ids), width), dtype=torch.bool)
+    for i, row in enumerate(prompt_ids):
+        ids[i, width - len(row):] = torch.as_tensor(list(row), dtype=torch.long)
+        mask[i, width - len(row):] = True
+    return ids, mask
+
+
+def top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """``logits`` with every token outside the nucleus set to -inf (the top token always stays)."""
+    if top_p >= 1.0:
+        return logits
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+    probs = torch.softmax(sorted_logits, dim=-1)
+    # A token is dropped when the mass of the tokens strictly before it already reaches top_p.
+    drop_sorted = (probs.cumsum(dim=-1) - probs) >= top_p
+    drop_sorted[..., 0] = False
+    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+    return logits.masked_fill(drop, float("-inf"))
+
+
+def check_sampling_params(params: SamplingParams) -> None:
+    if not params.temperature > 0:
+        raise ValueError(
+            f"--rollout-temperature must be > 0, got {params.temperature} (greedy decoding has no sampling "
+            "log-probs; use a small temperature such as 1e-3 instead)"
+        )
+    if not 0 < params.top_p <= 1:
+        raise ValueError(f"--rollout-top-p must be in (0, 1], got {params.top_p}")
+    if params.max_new_tokens < 1:
+        raise ValueError(f"--rollout-max-response-len must be >= 1, got {params.max_new_tokens}")
+
+
+class _CacheCall:
+    """Passes / reads the KV cache under the name this transformers version uses
+    (``cache`` in 5.x, ``past_key_values`` before)."""
+
+    def __init__(self, model: torch.nn.Module):
+        params = inspect.signature(model.forward).parameters
+        self.arg = "cache" if "cache" in params else "past_key_values"
+
+    def __call__(self, model, cache, **kwargs):
+        if cache is not None:
+            kwargs[self.arg] = cache
+        out = model(use_cache=True, **kwargs)
+        new_cache = getattr(out, "cache", None)
+        if new_cache is None:
+            new_cache = out.past_key_values
+        return out.logits, new_cache
+
+
+class HFEngine(GenerationEngine):
+    """Generation from any ``transformers`` causal LM (the rollout side of ``--hf-checkpoint``).
+
+    ``generate`` left-pads the prompts, runs one forward over them, then one cached forward per new
+    token for the whole batch. A row stops after its first stop token (EOS or another id of
+    ``tokenizer.stop_ids``), which is kept in the response and masked in; later columns are padding
+    (``pad_id``, mask false, log-prob 0). The loop ends early once every row has stopped.
+    """
+
+    def __init__(self, model: torch.nn.Module, tokenizer: HFTokenizer, *, device: str | torch.device | None = None):
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.device = torch.device(device) if device is not None else next(model.parameters()).device
+        self.model.to(self.device)
+        self._call = _CacheCall(model)
+        self._stop_ids = torch.tensor(tokenizer.stop_ids, dtype=torch.long, device=self.device)
+
+    @torch.inference_mode()
+    def generate(
+        self, prompt_ids: list[list[int]], params: SamplingParams, generator: torch.Generator | None = None
+    ) -> Generation:
+        check_sampling_params(params)
+        pad_id = self.tokenizer.pad_id
+        prompt, prompt_mask = left_pad(prompt_ids, pad_id)
+        n = prompt.shape[0]
+        dev = self.device
+        if generator is not None and generator.device != dev:
+            raise ValueError(f"the generator is on {generator.device} but the model is on {dev}")
+
+        attention = prompt_mask.to(dev)
+        positions = (attention.long().cumsum(dim=1) - 1).clamp(min=0)  # same as TokenBatch.position_ids
+        next_position = attention.sum(dim=1)  # [N] position of the first response token
+        tokens = torch.full((n, params.max_new_tokens), pad_id, dtype=torch.long, device=dev)
+        log_probs = torch.zeros((n, params.max_new_tokens), dtype=torch.float32, device=dev)
+        alive = torch.ones(n, dtype=torch.bool, device=dev)  # has not emitted a stop token yet
+        response_mask = torch.zeros((n, params.max_new_tokens), dtype=torch.bool, device=dev)
+
+        logits, cache = self._call(
+            self.model, None, input_ids=prompt.to(dev), attention_mask=attention,
+            position_ids=positions, logits_to_keep=1,
+        )
+        for t in range(params.max_new_tokens):
+            scaled = logits[:, -1, :].float() / params.temperature
+            step_log_probs = torch.log_softmax(top_p_filter(scaled, params.top_p), dim=-1)
+            chosen = torch.multinomial(step_log_probs.exp(), 1, generator=generator).squeeze(1)
+            chosen = torch.where(alive, chosen, torch.full_like(chosen, pad_id))
+            tokens[:, t] = chosen
+            response_mask[:, t] = alive
+            log_probs[:, t] = torch.where(alive, step_log_probs.gather(1, chosen[:, None]).squeeze(1), 0.0)
+            alive = alive & ~torch.isin(chosen, self._stop_ids)
+            if t + 1 == params.max_new_tokens or not bool(alive.any()):
+                break
+            # Stopped rows keep feeding padding that nothing attends to (mask false).
+            attention = torch.cat([attention, response_mask[:, t:t + 1]], dim=1)
+            logits, cache = self._call(
+                self.model, cache, input_ids=chosen[:, None], attention_mask=attention,
+                position_ids=(next_position + t)[:, None],
+            )
+        width = int(response_mask.sum(dim=1).max().item()) if response_mask.any() else 1
+        width = max(width, 1)
+        batch = TokenBatch(
+            prompt_ids=prompt,
+            prompt_mask=prompt_mask,
+            response_ids=tokens[:, :width].cpu(),
+            response_mask=response_mask[:, :width].cpu(),
+        )
+        return Generation(batch=batch, log_probs=log_probs[:, :width].cpu())
+
+    @torch.no_grad()
+    def load_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
+        """Copy the trainer's weights (HF ``state_dict`` names) into the model, casting dtype/device."""
+        load_hf_state_dict(self.model, weights)
+
+
+def load_hf_state_dict(model: torch.nn.Module, weights: Mapping[str, torch.Tensor]) -> None:
+    """``model.load_state_dict(weights, strict=True)`` with an error that lists the name mismatch.
+
+    Tied embeddings: ``lm_head.weight`` may be absent from ``weights`` when the model ties it to the
+    input embedding (both names then refer to one tensor)."""
+    own = model.state_dict()
+    missing = [k for k in own if k not in weights]
+    unexpected = [k for k in weights if k not in own]
+    if getattr(model.config, "tie_word_embeddings", False):
+        tied = {"lm_head.weight"}
+        missing = [k for k in missing if k not in tied]
+    if missing or unexpected:
+        raise KeyError(
+            "weights do not match the Hugging Face model's parameter names: "
+            f"missing {missing[:5]}{' ...' if len(missing) > 5 else ''}, "
+            f"unexpected {unexpected[:5]}{' ...' if len(unexpected) > 5 else ''}. "
+            "The trainer must export the HF module's own state_dict names (no wrapper prefix)."
+        )
+    for name, value in weights.items():
+        target = own[name]
+        if target.shape != value.shape:
+            raise ValueError(f"weight {name!r}: shape {tuple(value.shape)} != model's {tuple(target.shape)}")
+        target.copy_(value)

@@ -1,0 +1,96 @@
+"""Build tiny random Hugging Face checkpoints (Llama / Qwen2 / Qwen3) and a tiny tokenizer on disk.
+
+Used by the tests and by ``benchmarks/hf_rollout.py``; nothing is downloaded. The tokenizer is a
+``tokenizers`` WordLevel model over a fixed word list (digits, arithmetic, a few words, chat special
+tokens) with a ChatML-style chat template, so ``--apply-chat-template`` can be exercised.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+WORDS = (
+    [str(d) for d in range(10)]
+    + ["+", "-", "=", "?", ".", ",", ":", "what", "is", "the", "answer", "sum", "of", "and", "think", "step"]
+    + ["by", "system", "user", "assistant", "you", "are", "a", "helpful", "bot", "add", "numbers", "please"]
+    + ["hello", "world", "yes", "no", "<unk>"]
+)
+SPECIAL = ["<pad>", "<bos>", "<eos>", "<|im_start|>", "<|im_end|>"]
+
+CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% for m in messages %}<|im_start|> {{ m['role'] }} : {{ m['content'] }} <|im_end|> {% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|> assistant : {% endif %}"
+)
+
+
+def build_tokenizer(directory: str | Path):
+    """A WordLevel tokenizer (whitespace + punctuation split) saved with ``save_pretrained``."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate(SPECIAL + WORDS)}
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.Punctuation()])
+    # Like Llama: a BOS is prepended by tokenizer(text) (add_special_tokens=True).
+    core.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", vocab["<bos>"])])
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        bos_token="<bos>",
+        eos_token="<eos>",
+        pad_token="<pad>",
+        unk_token="<unk>",
+        additional_special_tokens=["<|im_start|>", "<|im_end|>"],
+    )
+    tok.chat_template = CHAT_TEMPLATE
+    tok.save_pretrained(str(directory))
+    return tok
+
+
+def model_config(family: str, vocab_size: int, *, tie: bool = False):
+    """A config of a few hundred thousand parameters for ``family`` in {llama, qwen2, qwen3}."""
+    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
+
+    common = dict(
+        vocab_size=vocab_size,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=tie,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
+    if family == "llama":
+        return LlamaConfig(**common, rope_theta=10000.0)
+    if family == "qwen2":
+        return Qwen2Config(**common, rope_theta=10000.0)
+    if family == "qwen3":
+        return Qwen3Config(**common, head_dim=32, rope_theta=10000.0)
+    raise ValueError(f"unknown family {family!r}")
+
+
+def build_checkpoint(directory: str | Path, family: str = "llama", *, seed: int = 0, tie: bool = False) -> Path:
+    """Write a random ``family`` model + the tiny tokenizer to ``directory`` (``save_pretrained``)."""
+    from transformers import AutoModelForCausalLM
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tok = build_tokenizer(directory)
+    torch.manual_seed(seed)
+    config = model_config(family, len(tok), tie=tie)
+    model = AutoModelForCausalLM.from_config(config)
+    # Larger-than-default init so the random model's next-token distributions are far from uniform:
+    # sampling, top-p and EOS paths are then exercised on peaked, row-dependent distributions.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.2)
+    model.save_pretrained(str(directory))
+    return directory

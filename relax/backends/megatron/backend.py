@@ -1,0 +1,355 @@
+"""``MegatronBackend``: one rank of a megatron-core model (tensor, pipeline and data parallel).
+
+Every rank of the job constructs one ``MegatronBackend`` and calls the same methods in the same
+order (they are collectives). Data parallelism: each DP rank passes its own shard of the batch;
+tensor/pipeline ranks of one model replica pass the same shard.
+
+Loss scaling. The backend contract says the micro-batch losses are *summed* and the loss function
+normalizes by whole-batch counts taken over all DP ranks (``PolicyLossInputs.global_num_tokens``), so
+the full-batch gradient is the *sum* of the per-rank gradients. Megatron's schedule divides each
+micro-batch loss by the number of micro-batches and Megatron DDP averages gradients over DP; the
+loss handed to Megatron is therefore multiplied by ``num_microbatches * dp_size`` to undo both.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Mapping
+from functools import partial
+
+import torch
+import torch.distributed as dist
+
+from relax.backends.base import LossFn, TokenBatch, TokenLogProbs, TrainingBackend
+from relax.backends.megatron import _cpu_compat
+from relax.backends.megatron.logprobs import vocab_parallel_entropy, vocab_parallel_log_probs
+from relax.backends.megatron.model import (
+    build_gpt_model,
+    gather_full_state,
+    local_tensors,
+    mask_padded_vocab,
+    megatron_to_tiny,
+    shard_full_state,
+    tiny_to_megatron,
+    transformer_config,
+)
+from relax.rollout.tiny.model import TinyCausalLM, TinyLMConfig
+
+CHECKPOINT_FORMAT = "relax-megatron-v1"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ensure_distributed(timeout_s: float = 120.0) -> None:
+    """Start a single-process group when the caller did not start one (gloo without CUDA)."""
+    if dist.is_initialized():
+        return
+    import datetime
+
+    dist.init_process_group(
+        "nccl" if torch.cuda.is_available() else "gloo",
+        init_method=f"tcp://127.0.0.1:{_free_port()}",
+        rank=0,
+        world_size=1,
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )
+
+
+def init_parallel_state(tp_size: int, pp_size: int, seed: int) -> None:
+    """Megatron's process groups (global state; a second backend in the process must agree on sizes)."""
+    from megatron.core import parallel_state, tensor_parallel
+
+    world = dist.get_world_size()
+    if world % (tp_size * pp_size):
+        raise ValueError(
+            f"world size {world} is not a multiple of --tensor-model-parallel-size {tp_size} x "
+            f"--pipeline-model-parallel-size {pp_size}"
+        )
+    if parallel_state.model_parallel_is_initialized():
+        have = (
+            parallel_state.get_tensor_model_parallel_world_size(),
+            parallel_state.get_pipeline_model_parallel_world_size(),
+        )
+        if have != (tp_size, pp_size):
+            raise RuntimeError(f"Megatron parallel state already initialized with (tp, pp) = {have}, not {(tp_size, pp_size)}")
+    else:
+        parallel_state.initialize_model_parallel(tp_size, pp_size)
+    # Dropout is 0 in RL training, so the inference tracker (fork() is a no-op) is exact, and it
+    # needs no CUDA RNG state.
+    tensor_parallel.model_parallel_cuda_manual_seed(seed, inference_rng_tracker=True, force_reset_rng=True)
+
+
+class MegatronBackend(TrainingBackend):
+    """``TrainingBackend`` on megatron-core: GPTModel + Megatron DDP + Megatron (Adam) optimizer.
+
+    ``initial_weights`` are in ``TinyCausalLM`` naming; without them the model starts from
+    ``TinyCausalLM(model_config)`` built after ``torch.manual_seed(seed)`` (the torch backend's init).
+    """
+
+    def __init__(
+        self,
+        model_config: TinyLMConfig,
+        *,
+        initial_weights: Mapping[str, torch.Tensor] | None = None,
+        lr: float = 3e-4,
+        clip_grad: float = 1.0,
+        weight_decay: float = 0.0,
+        adam_betas: tuple[float, float] = (0.9, 0.999),
+        adam_eps: float = 1e-8,
+        seed: int = 1234,
+        tensor_model_parallel_size: int = 1,
+        pipeline_model_parallel_size: int = 1,
+        micro_batch_size: int | None = None,
+    ):
+        if not torch.cuda.is_available():
+            _cpu_compat.apply()
+        else:
+            _cpu_compat.check_version()
+        from megatron.core import parallel_state
+        from megatron.core.distributed import (
+            DistributedDataParallel,
+            DistributedDataParallelConfig,
+            finalize_model_grads,
+        )
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+        from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
+
+        self.model_config = model_config
+        self.micro_batch_size = micro_batch_size
+        self.steps = 0
+        ensure_distributed()
+        init_parallel_state(tensor_model_parallel_size, pipeline_model_parallel_size, seed)
+        ps = parallel_state
+        self.tp_rank, self.tp_size = ps.get_tensor_model_parallel_rank(), ps.get_tensor_model_parallel_world_size()
+        self.pp_size = ps.get_pipeline_model_parallel_world_size()
+        self.dp_size = ps.get_data_parallel_world_size()
+        self.tp_group, self.pp_group = ps.get_tensor_model_parallel_group(), ps.get_pipeline_model_parallel_group()
+        self.dp_group = ps.get_data_parallel_group()
+        self.is_first_stage = ps.is_pipeline_first_stage()
+        self.is_last_stage = ps.is_pipeline_last_stage()
+        self.last_stage_rank = ps.get_pipeline_model_parallel_last_rank()
+
+        if initial_weights is None:
+            torch.manual_seed(seed)
+            initial_weights = TinyCausalLM(model_config).state_dict()
+
+        with _cpu_compat.cpu_device_scope():
+            self.config = transformer_config(model_config, tp_size=self.tp_size, pp_size=self.pp_size)
+            torch.manual_seed(seed)
+            module = build_gpt_model(
+                model_config, self.config, pre_process=self.is_first_stage, post_process=self.is_last_stage
+            )
+            self.layer_offset = get_transformer_layer_offset(self.config)
+            self._load_tiny_weights(module, initial_weights)
+            ddp_config = DistributedDataParallelConfig(
+                grad_reduce_in_fp32=True,
+                overlap_grad_reduce=False,
+                use_distributed_optimizer=False,
+                check_for_nan_in_grad=True,
+            )
+            self.model = DistributedDataParallel(self.config, ddp_config, module)
+            opt_config = OptimizerConfig(
+                optimizer="adam",
+                lr=lr,
+                weight_decay=weight_decay,
+                adam_beta1=adam_betas[0],
+                adam_beta2=adam_betas[1],
+                adam_eps=adam_eps,
+                clip_grad=clip_grad,
+                fp16=False,
+                bf16=False,
+                params_dtype=torch.float32,
+                use_distributed_optimizer=False,
+            )
+            self.optimizer = get_megatron_optimizer(opt_config, [self.model])
+        self.config.finalize_model_grads_func = finalize_model_grads
+        self.config.no_sync_func = self.model.no_sync
+        self.clip_grad = clip_grad
+
+    # -- weights -----------------------------------------------------------------------------
+
+    def _load_tiny_weights(self, module, weights: Mapping[str, torch.Tensor]) -> None:
+        full = tiny_to_megatron(weights, self.model_config, tp_size=self.tp_size)
+        shard_full_state(
+            full, local_tensors(module), tp_rank=self.tp_rank, tp_size=self.tp_size, layer_offset=self.layer_offset
+        )
+
+    def _gather(self, local: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        full = gather_full_state(local, tp_group=self.tp_group, pp_group=self.pp_group, layer_offset=self.layer_offset)
+        return megatron_to_tiny(full, self.model_config)
+
+    def export_weights(self) -> dict[str, torch.Tensor]:
+        """Whole weights in ``TinyCausalLM`` naming (a collective: every rank must call it)."""
+        return self._gather(local_tensors(self.model.module))
+
+    def load_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
+        """Replace the model weights (``TinyCausalLM`` naming); optimizer state is kept."""
+        self._load_tiny_weights(self.model.module, weights)
+
+    # -- batches -----------------------------------------------------------------------------
+
+    @staticmethod
+    def _model_inputs(batch: TokenBatch):
+        ids, mask, pos = batch.input_ids, batch.attention_mask, batch.position_ids
+        s = ids.shape[1]
+        idx = torch.arange(s)
+        causal = idx[None, :] <= idx[:, None]
+        # Same visibility as TinyCausalLM: causal, real keys only, and every query sees itself.
+        allowed = (causal & mask[:, None, :]) | torch.eye(s, dtype=torch.bool)
+        return ids, pos, ~allowed[:, None]  # Megatron masks where True
+
+    def _token_log_probs(self, logits: torch.Tensor, batch: TokenBatch, with_entropy: bool) -> TokenLogProbs:
+        """Response-token log-probs from full-sequence logits ``[b, P+T, V/tp]`` (token t at column P+t-1)."""
+        p, t = batch.prompt_width, batch.response_ids.shape[1]
+        logits = mask_padded_vocab(logits[:, p - 1 : p + t - 1], self.model_config.vocab_size, tp_rank=self.tp_rank)
+        mask = batch.response_mask
+        log_probs = vocab_parallel_log_probs(logits, batch.response_ids) * mask
+        entropy = vocab_parallel_entropy(logits) * mask if with_entropy else None
+        return TokenLogProbs(log_probs=log_probs, entropy=entropy)
+
+    def _micro_batches(self, n: int, micro_batch_size: int | None) -> list[slice]:
+        size = micro_batch_size or self.micro_batch_size or n
+        if size < 1:
+            raise ValueError(f"--micro-batch-size must be >= 1, got {size}")
+        if self.pp_size > 1 and n % size:
+            raise ValueError(
+                f"with --pipeline-model-parallel-size {self.pp_size} every micro-batch must have the same "
+                f"size: {n} samples on this rank are not a multiple of --micro-batch-size {size}"
+            )
+        return [slice(i, min(i + size, n)) for i in range(0, n, size)]
+
+    def _run_schedule(self, batch: TokenBatch, rows: list[slice], loss_func, forward_only: bool) -> list:
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        def forward_step(data_iterator, model):
+            part = next(data_iterator)
+            mb = batch.select(part)
+            ids, pos, mask = self._model_inputs(mb)
+            output = model(ids, pos, mask)
+            return output, partial(loss_func, mb, part)
+
+        return get_forward_backward_func()(
+            forward_step_func=forward_step,
+            data_iterator=iter(rows),
+            model=[self.model],
+            num_microbatches=len(rows),
+            seq_length=batch.input_ids.shape[1],
+            micro_batch_size=rows[0].stop - rows[0].start,
+            forward_only=forward_only,
+        )
+
+    def _from_last_stage(self, obj):
+        """Pipeline: outputs exist on the last stage only; hand them to every stage."""
+        if self.pp_size == 1:
+            return obj
+        box = [obj if self.is_last_stage else None]
+        dist.broadcast_object_list(box, src=self.last_stage_rank, group=self.pp_group)
+        return box[0]
+
+    # -- TrainingBackend ---------------------------------------------------------------------
+
+    def compute_log_probs(self, batch: TokenBatch, *, with_entropy: bool = False) -> TokenLogProbs:
+        rows = self._micro_batches(len(batch), None)
+
+        def collect(mb, part, logits):
+            out = self._token_log_probs(logits, mb, with_entropy)
+            return logits.new_zeros(()), {"log_probs": out.log_probs, "entropy": out.entropy}
+
+        self.model.eval()
+        with torch.no_grad(), _cpu_compat.cpu_device_scope():
+            store = self._run_schedule(batch, rows, collect, forward_only=True)
+        self.model.train()
+        result = None
+        if self.is_last_stage:
+            log_probs = torch.cat([s["log_probs"] for s in store])
+            entropy = torch.cat([s["entropy"] for s in store]) if with_entropy else None
+            result = TokenLogProbs(log_probs=log_probs.float(), entropy=None if entropy is None else entropy.float())
+        return self._from_last_stage(result)
+
+    def train_step(self, batch: TokenBatch, loss_fn: LossFn, *, micro_batch_size: int | None = None) -> dict[str, float]:
+        rows = self._micro_batches(len(batch), micro_batch_size)
+        scale = len(rows) * self.dp_size  # undo Megatron's micro-batch mean and DDP's DP mean
+
+        def loss_func(mb, part, logits):
+            out = loss_fn(self._token_log_probs(logits, mb, with_entropy=True), part)
+            metrics = {k: torch.as_tensor(v).detach().float() for k, v in out.metrics.items()}
+            metrics.setdefault("loss", out.loss.detach().float())
+            return out.loss * scale, metrics
+
+        self.model.train()
+        with _cpu_compat.cpu_device_scope():
+            self.model.zero_grad_buffer()
+            self.optimizer.zero_grad()
+            store = self._run_schedule(batch, rows, loss_func, forward_only=False)
+            ok, grad_norm, _ = self.optimizer.step()
+        if not ok:
+            raise FloatingPointError("the Megatron optimizer skipped the step (non-finite gradients)")
+        metrics = None
+        if self.is_last_stage:
+            metrics = {k: float(torch.stack([s[k] for s in store]).mean()) for k in store[0]}
+        metrics = self._from_last_stage(metrics)
+        metrics["grad_norm"] = float(grad_norm)
+        self.steps += 1
+        return metrics
+
+    # -- checkpoints -------------------------------------------------------------------------
+
+    def _torch_optimizers(self) -> list:
+        inner = getattr(self.optimizer, "chained_optimizers", [self.optimizer])
+        return [o.optimizer for o in inner]
+
+    def _adam_state(self, key: str) -> dict[str, torch.Tensor]:
+        """One Adam state tensor per parameter, by local Megatron name (zeros before the first step)."""
+        states = {}
+        for opt in self._torch_optimizers():
+            states.update({id(p): s for p, s in opt.state.items()})
+        out = {}
+        for name, param in self.model.module.named_parameters():
+            state = states.get(id(param), {})
+            out[name] = state[key] if key in state else torch.zeros_like(param)
+        return out
+
+    def state_dict(self) -> dict:
+        """Model weights and Adam moments in ``TinyCausalLM`` naming, independent of tp/pp/dp layout.
+
+        A collective over the model-parallel group: every rank must call it.
+        """
+        adam_steps = [
+            float(s["step"]) for opt in self._torch_optimizers() for s in opt.state.values() if "step" in s
+        ]
+        return {
+            "format": CHECKPOINT_FORMAT,
+            "model_config": self.model_config.to_dict(),
+            "model": self.export_weights(),
+            "exp_avg": self._gather(self._adam_state("exp_avg")),
+            "exp_avg_sq": self._gather(self._adam_state("exp_avg_sq")),
+            "adam_step": max(adam_steps, default=0.0),
+            "steps": self.steps,
+        }
+
+    def load_state_dict(self, state: Mapping) -> None:
+        if state.get("format") != CHECKPOINT_FORMAT:
+            raise ValueError(
+                f"not a Megatron-backend checkpoint (format {state.get('format')!r}, expected "
+                f"{CHECKPOINT_FORMAT!r}); load it with the backend that wrote it"
+            )
+        if state["model_config"] != self.model_config.to_dict():
+            raise ValueError(f"checkpoint model {state['model_config']} != this model {self.model_config.to_dict()}")
+        self.load_weights(state["model"])
+        params = dict(self.model.module.named_parameters())
+        for key in ("exp_avg", "exp_avg_sq"):
+            full = tiny_to_megatron(state[key], self.model_config, tp_size=self.tp_size)
+            targets = {name: torch.zeros_like(p) for name, p in params.items()}
+            shard_full_state(full, targets, tp_rank=self.tp_rank, tp_size=self.tp_size, layer_offset=self.layer_offset)
+            for opt in self._torch_optimizers():
+                for group in opt.param_groups:
+                    for p in group["params"]:
+                        name = next(n for n, q in params.items() if q is p)
+                        slot = opt.state[p]
+                        slot[key] = targets[name]
+                        slot["step"] = torch.tensor(float(state["adam_step"]))
+        self.steps = int(state["steps"])

@@ -84,6 +84,8 @@ def _check_inputs(rewards, group_ids, reward_keys, reward_weights, advantages, r
     if bad.any():
         i, j = (int(x) for x in bad.nonzero()[0])
         raise ValueError(f"reward {keys[j]!r} of sample {i} is {r[i, j].item()!r}, which is not finite")
+    if advantages is None:
+        return r, keys, torch.tensor(weights, dtype=torch.float64), None
     adv = advantages.detach().to(torch.float64)
     if adv.dim() == 2:
         if response_mask is None or response_mask.shape != adv.shape:
@@ -132,7 +134,7 @@ def reward_diagnostics(
     group_ids: torch.Tensor,
     reward_keys: Sequence[str],
     reward_weights: Sequence[float] | None,
-    advantages: torch.Tensor,
+    advantages: torch.Tensor | None,
     *,
     response_mask: torch.Tensor | None = None,
     std_eps: float = DEFAULT_STD_EPS,
@@ -146,7 +148,10 @@ def reward_diagnostics(
         reward_keys: the K component names, used in the metric names.
         reward_weights: K weights (``None``: all 1).
         advantages: the final per-sample advantages ``[N]``, or ``[N, T]`` with ``response_mask``
-            (then each sample's mean over its valid tokens is used).
+            (then each sample's mean over its valid tokens is used); ``None`` omits ``advantage/*``.
+            Call it on the whole rollout *before* the group filter drops groups without signal
+            (otherwise the dropped groups, which are what ``gdpo_cancel_rate`` counts, are missing)
+            and give dropped samples advantage 0, or pass ``None``.
         std_eps: the epsilon added to the group std in GDPO's per-component normalization.
         rtol: relative tolerance of "all equal" (see the module docstring).
     """
@@ -197,9 +202,10 @@ def reward_diagnostics(
         out["multi_reward/collapse_rate"] = float((varied & sum_flat & ~gdpo_flat).to(torch.float64).mean())
         out["multi_reward/gdpo_cancel_rate"] = float((varied & gdpo_flat).to(torch.float64).mean())
 
-    out["advantage/mean"] = float(adv.mean())
-    out["advantage/std"] = float(adv.std(correction=0))
-    out["advantage/zero_frac"] = float((adv == 0).to(torch.float64).mean())
+    if adv is not None:
+        out["advantage/mean"] = float(adv.mean())
+        out["advantage/std"] = float(adv.std(correction=0))
+        out["advantage/zero_frac"] = float((adv == 0).to(torch.float64).mean())
     return out
 
 

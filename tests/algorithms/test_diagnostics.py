@@ -140,6 +140,12 @@ def test_no_variation_anywhere_omits_shares():
     assert out["reward/a/zero_std_frac"] == 1.0
 
 
+def test_without_advantages_there_are_no_advantage_keys():
+    out = reward_diagnostics(torch.tensor([[1.0, 0.0], [0.0, 0.0]]), torch.tensor([0, 0]), ("a", "b"), None, None)
+    assert not any(k.startswith("advantage/") for k in out)
+    assert out["multi_reward/varied_group_frac"] == 1.0
+
+
 @pytest.mark.parametrize(
     "rows, keys, weights, match",
     [

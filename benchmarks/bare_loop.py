@@ -63,6 +63,7 @@ def run_bare_loop(
     clip_grad: float = 1.0,
     temperature: float = 1.0,
     seed: int = 0,
+    filter_groups: bool = True,
     log_every: int = 50,
 ) -> dict:
     """Train the warm-up model for ``steps`` rollouts; return per-step metrics and a summary."""
@@ -90,7 +91,8 @@ def run_bare_loop(
         rewards = torch.tensor([[s[k] for k in keys] for s in scored], dtype=torch.float32)
         t_rollout = time.perf_counter() - t0
 
-        keep = algorithm.group_has_signal(rewards, group_ids)
+        # Like the pipeline's rollout: drop groups that carry no signal for this algorithm.
+        keep = algorithm.group_has_signal(rewards, group_ids) if filter_groups else torch.ones(len(samples), dtype=torch.bool)
         record = {"step": step, **{f"reward/{k}/mean": float(rewards[:, i].mean()) for i, k in enumerate(keys)},
                   "kept_frac": float(keep.float().mean())}
         if keep.any():
@@ -157,12 +159,14 @@ def main(argv=None) -> dict:
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--no-group-filter", action="store_true", help="train on every group, even constant ones")
     parser.add_argument("--json", help="write history + summary here")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     task = get_task(args.task)
     algorithm = make_algorithm(args.advantage_estimator, task.reward_keys, args.reward_weights)
-    result = run_bare_loop(algorithm, task_name=args.task, steps=args.steps, seed=args.seed)
+    result = run_bare_loop(algorithm, task_name=args.task, steps=args.steps, seed=args.seed,
+                           filter_groups=not args.no_group_filter)
     print(json.dumps(result["summary"], indent=2))
     if args.json:
         with open(args.json, "w") as f:

@@ -54,11 +54,8 @@ def top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
 
 
 def check_sampling_params(params: SamplingParams) -> None:
-    if not params.temperature > 0:
-        raise ValueError(
-            f"--rollout-temperature must be > 0, got {params.temperature} (greedy decoding has no sampling "
-            "log-probs; use a small temperature such as 1e-3 instead)"
-        )
+    if not params.temperature >= 0:
+        raise ValueError(f"--rollout-temperature must be >= 0 (0 = greedy), got {params.temperature}")
     if not 0 < params.top_p <= 1:
         raise ValueError(f"--rollout-top-p must be in (0, 1], got {params.top_p}")
     if params.max_new_tokens < 1:
@@ -125,9 +122,13 @@ class HFEngine(GenerationEngine):
             position_ids=positions, logits_to_keep=1,
         )
         for t in range(params.max_new_tokens):
-            scaled = logits[:, -1, :].float() / params.temperature
-            step_log_probs = torch.log_softmax(top_p_filter(scaled, params.top_p), dim=-1)
-            chosen = torch.multinomial(step_log_probs.exp(), 1, generator=generator).squeeze(1)
+            if params.temperature == 0:  # greedy: the sampled distribution is a point mass (log-prob 0)
+                chosen = logits[:, -1, :].argmax(dim=-1)
+                step_log_probs = torch.zeros(logits.shape[0], logits.shape[-1], device=dev)
+            else:
+                scaled = logits[:, -1, :].float() / params.temperature
+                step_log_probs = torch.log_softmax(top_p_filter(scaled, params.top_p), dim=-1)
+                chosen = torch.multinomial(step_log_probs.exp(), 1, generator=generator).squeeze(1)
             chosen = torch.where(alive, chosen, torch.full_like(chosen, pad_id))
             tokens[:, t] = chosen
             response_mask[:, t] = alive
@@ -150,6 +151,11 @@ class HFEngine(GenerationEngine):
             response_mask=response_mask[:, :width].cpu(),
         )
         return Generation(batch=batch, log_probs=log_probs[:, :width].cpu())
+
+    def decode_responses(self, generation: Generation) -> list[str]:
+        """The completion text of every row (real tokens only, special tokens such as EOS kept)."""
+        b = generation.batch
+        return [self.tokenizer.decode(ids[mask].tolist()) for ids, mask in zip(b.response_ids, b.response_mask)]
 
     @torch.no_grad()
     def load_weights(self, weights: Mapping[str, torch.Tensor]) -> None:

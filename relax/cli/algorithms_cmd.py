@@ -64,9 +64,7 @@ def describe_algorithm(cls: type[RLAlgorithm]) -> dict:
         "summary": _summary(cls),
         "paper": cls.paper,
         "capabilities": cls.capabilities(),
-        "hyperparameters": {
-            h: _jsonable(defaults[h].default) for h in cls.hyperparameters
-        },
+        "hyperparameters": {h: _jsonable(defaults[h].default) for h in cls.hyperparameters},
     }
 
 
@@ -93,7 +91,9 @@ def format_table(classes) -> str:
     for c in caps:
         out.append(f"  {_label(c):<12} {c}: {CAPABILITIES[c].doc}")
     out.append("")
-    out.append("`relax algorithms NAME` shows one method; --advantage-estimator also takes 'package.module:Class'.")
+    out.append(
+        "`relax algorithms NAME` shows one method; --advantage-estimator also takes 'package.module:Class'."
+    )
     return "\n".join(out)
 
 
@@ -134,8 +134,12 @@ def format_details(cls: type[RLAlgorithm], parser: argparse.ArgumentParser | Non
 
 
 def add_algorithms_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("name", nargs="?", default=None,
-                        help="show one method (a registered name or 'package.module:ClassName')")
+    parser.add_argument(
+        "name",
+        nargs="?",
+        default=None,
+        help="show one method (a registered name or 'package.module:ClassName')",
+    )
     parser.add_argument("--json", action="store_true", help="print machine-readable JSON instead of text")
 
 

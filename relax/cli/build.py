@@ -13,8 +13,6 @@ import re
 import time
 from pathlib import Path
 
-import attrs
-
 from relax.algorithms import load_algorithm
 from relax.algorithms.base import RLAlgorithm
 from relax.algorithms.config import AlgorithmConfig
@@ -34,7 +32,9 @@ def default_reward_keys(task_name: str) -> tuple[str, ...]:
     try:
         from relax.rollout.tasks import get_task
     except ImportError as exc:
-        raise ConfigError([f"the built-in tasks cannot be imported ({exc}); pass --prompt-data and --custom-rm-path"])
+        raise ConfigError(
+            [f"the built-in tasks cannot be imported ({exc}); pass --prompt-data and --custom-rm-path"]
+        )
     try:
         task = get_task(task_name)
     except (KeyError, ValueError) as exc:
@@ -63,8 +63,12 @@ def _algorithm_config(ns: argparse.Namespace, parser: argparse.ArgumentParser) -
 
 
 def _check_paths(ns: argparse.Namespace, errors: list[str]) -> None:
-    for dest, flag in (("prompt_data", "--prompt-data"), ("hf_checkpoint", "--hf-checkpoint"),
-                       ("ref_load", "--ref-load"), ("load", "--load")):
+    for dest, flag in (
+        ("prompt_data", "--prompt-data"),
+        ("hf_checkpoint", "--hf-checkpoint"),
+        ("ref_load", "--ref-load"),
+        ("load", "--load"),
+    ):
         path = getattr(ns, dest, None)
         if path is not None and not Path(path).exists():
             errors.append(f"{flag} {path}: no such file or directory")
@@ -76,8 +80,10 @@ def _load_hooks(ns: argparse.Namespace, errors: list[str]) -> None:
             load_reward_function(ns.custom_rm_path)
         except ValueError as exc:
             errors.append(str(exc))
-    for dest, flag in (("custom_reward_post_process_path", "--custom-reward-post-process-path"),
-                       ("dynamic_sampling_filter_path", "--dynamic-sampling-filter-path")):
+    for dest, flag in (
+        ("custom_reward_post_process_path", "--custom-reward-post-process-path"),
+        ("dynamic_sampling_filter_path", "--dynamic-sampling-filter-path"),
+    ):
         spec = getattr(ns, dest)
         if spec:
             try:
@@ -121,8 +127,3 @@ def build_run_config(
     run_values.update(run_name=run_name, output_dir=output_dir)
     config = RunConfig(algorithm=_algorithm_config(ns, parser), **run_values)
     return config, algorithm
-
-
-def with_algorithm(config: RunConfig, **changes) -> RunConfig:
-    """``config`` with some AlgorithmConfig fields replaced (tests and scripts)."""
-    return attrs.evolve(config, algorithm=config.algorithm.replace(**changes))

@@ -60,7 +60,9 @@ def _coerce(action: argparse.Action, key: str, value: Any, as_switch: bool) -> A
     if value is None:
         return None
     if isinstance(value, dict):
-        raise ConfigFileError(f"key {key!r} must be a plain value, got a mapping (the file is flat: flag: value)")
+        raise ConfigFileError(
+            f"key {key!r} must be a plain value, got a mapping (the file is flat: flag: value)"
+        )
     if action.nargs in ("+", "*"):
         items = list(value) if isinstance(value, (list, tuple)) else [value]
         if not items and action.nargs == "+":
@@ -83,9 +85,7 @@ def _convert(action: argparse.Action, key: str, value: Any) -> Any:
     elif not isinstance(value, str):
         value = str(value)
     if action.choices is not None and value not in action.choices:
-        raise ConfigFileError(
-            f"key {key!r}: {value!r} is not one of {', '.join(map(str, action.choices))}"
-        )
+        raise ConfigFileError(f"key {key!r}: {value!r} is not one of {', '.join(map(str, action.choices))}")
     return value
 
 

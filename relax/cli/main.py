@@ -37,15 +37,23 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     train = commands.add_parser(
-        "train", help="train a policy", description=TRAIN_DESCRIPTION, formatter_class=HelpFormatter,
+        "train",
+        help="train a policy",
+        description=TRAIN_DESCRIPTION,
+        formatter_class=HelpFormatter,
         # the full usage line lists ~60 flags and would bury an error message; --help shows them all
         usage="relax train [options]   (relax train --help lists every flag)",
     )
     add_train_arguments(train)
-    train.add_argument("--dry-run", dest="dry_run", action="store_true",
-                       help="validate, print the effective configuration as YAML and exit (starts nothing)")
+    train.add_argument(
+        "--dry-run",
+        dest="dry_run",
+        action="store_true",
+        help="validate, print the effective configuration as YAML and exit (starts nothing)",
+    )
     algorithms = commands.add_parser(
-        "algorithms", help="list the RL methods and their capabilities",
+        "algorithms",
+        help="list the RL methods and their capabilities",
         description="List the registered RL methods and their capabilities, or show one of them.",
     )
     add_algorithms_arguments(algorithms)

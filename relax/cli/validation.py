@@ -12,7 +12,6 @@ says how to fix it. Warnings are returned, not raised.
 from __future__ import annotations
 
 import importlib.util
-import math
 from pathlib import Path
 
 import attrs
@@ -100,7 +99,8 @@ def batch_shape(config: RunConfig, algorithm: type[RLAlgorithm]) -> tuple[BatchS
         if total % gbs:
             return None, [
                 f"--global-batch-size {gbs} does not divide the {product} samples of a rollout into whole "
-                f"mini-batches; use one of {choices} (multiples of --n-samples-per-prompt that divide {total})"
+                f"mini-batches; use one of {choices} "
+                f"(multiples of --n-samples-per-prompt that divide {total})"
             ]
         steps = total // gbs
     elif gbs * steps != total:
@@ -169,7 +169,8 @@ def _check_group_size(config, algorithm, who, errors, warnings):
     if n < algorithm.min_group_size:
         errors.append(
             f"{who} requires --n-samples-per-prompt >= {algorithm.min_group_size} (got {n}): its reward "
-            f"stage is undefined for a smaller group. Pass e.g. --n-samples-per-prompt {max(8, algorithm.min_group_size)}"
+            "stage is undefined for a smaller group. Pass e.g. "
+            f"--n-samples-per-prompt {max(8, algorithm.min_group_size)}"
         )
     elif algorithm.group_relative and n < 2:
         errors.append(
@@ -209,7 +210,9 @@ def _check_reward_components(config, algorithm, who, errors, warnings):
             f"{len(distinct)} ({' '.join(distinct)}); pass e.g. --reward-keys {_example_keys(keys)}"
         )
     if all(w == 0 for w in weights):
-        errors.append(f"--reward-weights are all zero ({' '.join(map(str, weights))}): {who} would learn nothing")
+        errors.append(
+            f"--reward-weights are all zero ({' '.join(map(str, weights))}): {who} would learn nothing"
+        )
         return
     as_float32 = torch.tensor(weights, dtype=torch.float64).to(torch.float32)
     if not torch.isfinite(as_float32).all():
@@ -248,13 +251,15 @@ def _check_batch(config, algorithm, who, errors, warnings):
         if config.num_steps_per_rollout not in (None, 1):
             errors.append(
                 f"{who} requires exactly one optimizer step per rollout (its loss assumes on-policy "
-                f"samples): use --num-steps-per-rollout 1 (got {config.num_steps_per_rollout}) or leave it out"
+                f"samples): use --num-steps-per-rollout 1 (got {config.num_steps_per_rollout}) "
+                "or leave it out"
             )
             return
         if config.global_batch_size not in (None, total):
             errors.append(
                 f"{who} requires exactly one optimizer update per rollout: --global-batch-size must equal "
-                f"--rollout-batch-size x --n-samples-per-prompt = {config.rollout_batch_size} x {n} = {total} "
+                "--rollout-batch-size x --n-samples-per-prompt = "
+                f"{config.rollout_batch_size} x {n} = {total} "
                 f"(got {config.global_batch_size}); leave it out to derive it"
             )
             return

@@ -152,7 +152,9 @@ def call_reward_function(
         try:
             value = fn(prompts[i], completions[i], labels[i], metadata[i])
         except Exception as exc:
-            raise RewardError(f"sample {i}: reward function {name} raised {type(exc).__name__}: {exc}") from exc
+            raise RewardError(
+                f"sample {i}: reward function {name} raised {type(exc).__name__}: {exc}"
+            ) from exc
         if inspect.isawaitable(value):
             pending[i] = value
         else:
@@ -188,7 +190,9 @@ def _as_float(value, *, index: int, name: str, key: str) -> float:
         raise RewardError(f"{where} of type {type(value).__name__}; expected a real number")
     number = float(value)
     if not math.isfinite(number):
-        raise RewardError(f"{where}, which is not finite; fix the reward function (relax never replaces NaN/inf)")
+        raise RewardError(
+            f"{where}, which is not finite; fix the reward function (relax never replaces NaN/inf)"
+        )
     if abs(number) > FLOAT32_MAX:
         raise RewardError(
             f"{where}, which overflows float32 (|value| > {FLOAT32_MAX:.4e}); rescale the reward"
@@ -196,7 +200,9 @@ def _as_float(value, *, index: int, name: str, key: str) -> float:
     return number
 
 
-def reward_matrix(values: Sequence[Any], reward_keys: Sequence[str], function: str = "reward function") -> torch.Tensor:
+def reward_matrix(
+    values: Sequence[Any], reward_keys: Sequence[str], function: str = "reward function"
+) -> torch.Tensor:
     """Turn per-sample reward values into a float64 ``[N, K]`` matrix in ``reward_keys`` order.
 
     Each value is a number (the component ``"reward"``) or a mapping ``key -> number``; extra keys

@@ -15,7 +15,7 @@ def test_table_lists_every_method_with_its_capabilities(cli):
     lines = out.splitlines()
     header = lines[0].split()
     assert header == ["name", *(COLUMN_LABELS[c] for c in CAPABILITIES)]
-    rows = {line.split()[0]: line.split()[1:] for line in lines[2:2 + len(BUILTIN_ALGORITHMS)]}
+    rows = {line.split()[0]: line.split()[1:] for line in lines[2 : 2 + len(BUILTIN_ALGORITHMS)]}
     assert list(rows) == list(algorithm_names())
     for cls in BUILTIN_ALGORITHMS:
         shown = dict(zip(CAPABILITIES, rows[cls.name]))

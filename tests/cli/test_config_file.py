@@ -22,7 +22,9 @@ def dry(cli, *argv):
 
 
 def test_file_sets_flags_by_dest_and_flag_name(cli, tmp_path):
-    path = write(tmp_path, """
+    path = write(
+        tmp_path,
+        """
 n_samples_per_prompt: 4
 --rollout-batch-size: 6
 lambd: 0.9
@@ -32,7 +34,8 @@ disable-rewards-normalization: true
 no_progress: true
 lr: 1e-5
 kl_loss_type: k3
-""")
+""",
+    )
     code, config, err = dry(cli, "--config", path)
     assert code == 0, err
     assert config["n_samples_per_prompt"] == 4 and config["rollout_batch_size"] == 6
@@ -82,7 +85,9 @@ def test_validation_runs_after_the_merge(cli, tmp_path, user_module):
     assert cli("train", "--dry-run", "--config", path, "--normalize-advantages")[0] == 0
     # and a file value can break a rule too
     path = write(tmp_path, "reward_keys: [only]\n", "multi.yaml")
-    code, _, err = cli("train", "--dry-run", "--config", path, "--advantage-estimator", f"{user_module}:MultiReward")
+    code, _, err = cli(
+        "train", "--dry-run", "--config", path, "--advantage-estimator", f"{user_module}:MultiReward"
+    )
     assert code == 2 and "needs at least two reward keys" in err
 
 
@@ -92,8 +97,23 @@ def test_train_writes_effective_config_and_calls_runtime(cli, tmp_path, monkeypa
     runtime.run = calls.append  # stands in for the Ray runtime: nothing starts
     monkeypatch.setitem(sys.modules, "relax.runtime.train", runtime)
     out_dir = tmp_path / "out"
-    code, _, err = cli("train", "--output-dir", out_dir, "--n-samples-per-prompt", 4, "--rollout-batch-size", 8,
-                       "--reward-keys", "a", "b", "--reward-weights", "1", "0.25", "--run-name", "t")
+    code, _, err = cli(
+        "train",
+        "--output-dir",
+        out_dir,
+        "--n-samples-per-prompt",
+        4,
+        "--rollout-batch-size",
+        8,
+        "--reward-keys",
+        "a",
+        "b",
+        "--reward-weights",
+        "1",
+        "0.25",
+        "--run-name",
+        "t",
+    )
     assert code == 0, err
     (config,) = calls
     assert isinstance(config, RunConfig)

@@ -41,9 +41,20 @@ def test_upstream_flag_names_and_defaults(cli):
     import yaml
 
     config = yaml.safe_load(out)
-    expected = {"eps_clip": 0.2, "kl_coef": 0.0, "kl_loss_type": "k1", "gamma": 1.0, "lam": 1.0,
-                "sapo_tau_pos": 1.0, "sapo_tau_neg": 1.05, "n_samples_per_prompt": 8, "rollout_batch_size": 32,
-                "eps_clip_high": 0.2, "advantage_estimator": "grpo", "normalize_advantages": False}
+    expected = {
+        "eps_clip": 0.2,
+        "kl_coef": 0.0,
+        "kl_loss_type": "k1",
+        "gamma": 1.0,
+        "lam": 1.0,
+        "sapo_tau_pos": 1.0,
+        "sapo_tau_neg": 1.05,
+        "n_samples_per_prompt": 8,
+        "rollout_batch_size": 32,
+        "eps_clip_high": 0.2,
+        "advantage_estimator": "grpo",
+        "normalize_advantages": False,
+    }
     assert {k: config[k] for k in expected} == expected
 
 
@@ -66,9 +77,22 @@ SCRIPT = textwrap.dedent(
 def test_python_m_relax_rejects_before_importing_ray(tmp_path):
     data = tmp_path / "prompts.jsonl"
     data.write_text('{"prompt": "1+1=", "label": "2"}\n')
-    argv = ["train", "--advantage-estimator", "gdpo", "--reward-keys", "correctness", "--prompt-data", str(data)]
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(argv)], capture_output=True, text=True,
-                          timeout=110, cwd=tmp_path)
+    argv = [
+        "train",
+        "--advantage-estimator",
+        "gdpo",
+        "--reward-keys",
+        "correctness",
+        "--prompt-data",
+        str(data),
+    ]
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT, json.dumps(argv)],
+        capture_output=True,
+        text=True,
+        timeout=110,
+        cwd=tmp_path,
+    )
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result == {"code": 2, "heavy": []}, proc.stderr
     assert "GDPO (--advantage-estimator gdpo) needs at least two reward keys" in proc.stderr

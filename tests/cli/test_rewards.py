@@ -26,7 +26,11 @@ META = [{}, {}, {"hard": True}]
 
 
 def components(prompt, completion, label, metadata):
-    return {"format": 0.5 if completion.isdigit() else 0.0, "correct": float(completion == label), "extra": "x"}
+    return {
+        "format": 0.5 if completion.isdigit() else 0.0,
+        "correct": float(completion == label),
+        "extra": "x",
+    }
 
 
 def test_matrix_in_reward_keys_order():
@@ -41,7 +45,11 @@ def test_plain_number_is_the_reward_component():
 
     m = score(length, PROMPTS, COMPLETIONS, LABELS, META, ["reward"])
     assert m.tolist() == [[1.0], [1.0], [1.25]]
-    assert reward_matrix([np.float32(1.5), torch.tensor(2.0), 3], ["reward"]).tolist() == [[1.5], [2.0], [3.0]]
+    assert reward_matrix([np.float32(1.5), torch.tensor(2.0), 3], ["reward"]).tolist() == [
+        [1.5],
+        [2.0],
+        [3.0],
+    ]
 
 
 def test_async_function():
@@ -66,11 +74,14 @@ def test_raising_function_names_sample_and_function(asynchronous):
 
     fn = fails_on_second
     if asynchronous:
+
         async def fails_async(prompt, completion, label, metadata):
             return fails_on_second(prompt, completion, label, metadata)
 
         fn = fails_async
-    with pytest.raises(RewardError, match=rf"sample 1: reward function .*{fn.__name__} raised ZeroDivisionError: boom") as info:
+    with pytest.raises(
+        RewardError, match=rf"sample 1: reward function .*{fn.__name__} raised ZeroDivisionError: boom"
+    ) as info:
         score(fn, PROMPTS, COMPLETIONS, LABELS, META, ["reward"])
     assert isinstance(info.value.__cause__, ZeroDivisionError)
 
@@ -80,9 +91,16 @@ def test_raising_function_names_sample_and_function(asynchronous):
     [
         ("good", "returned 'good' of type str; expected a number or a mapping"),
         (None, "returned None of type NoneType"),
-        ({"correct": 1.0}, "returned no component 'format' (it returned: correct); the configured reward keys are correct, format"),
+        (
+            {"correct": 1.0},
+            "returned no component 'format' (it returned: correct); "
+            "the configured reward keys are correct, format",
+        ),
         ({"correct": 1.0, "format": True}, "returned 'format' = True, a bool"),
-        ({"correct": 1.0, "format": np.bool_(False)}, "returned 'format' = " + repr(np.bool_(False)) + ", a bool"),
+        (
+            {"correct": 1.0, "format": np.bool_(False)},
+            "returned 'format' = " + repr(np.bool_(False)) + ", a bool",
+        ),
         ({"correct": 1.0, "format": "0.5"}, "returned 'format' = '0.5' of type str; expected a real number"),
         ({"correct": math.nan, "format": 1.0}, "returned 'correct' = nan, which is not finite"),
         ({"correct": math.inf, "format": 1.0}, "returned 'correct' = inf, which is not finite"),
@@ -108,8 +126,9 @@ def test_float32_max_itself_is_accepted():
 
 @pytest.fixture
 def reward_module(tmp_path, monkeypatch):
-    (tmp_path / "relax_cli_test_rewards.py").write_text(textwrap.dedent(
-        """
+    (tmp_path / "relax_cli_test_rewards.py").write_text(
+        textwrap.dedent(
+            """
         LIMIT = 3
 
         def score(prompt, completion, label, metadata):
@@ -118,7 +137,8 @@ def reward_module(tmp_path, monkeypatch):
         def two_args(prompt, completion):
             return 0.0
         """
-    ))
+        )
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     yield "relax_cli_test_rewards"
     sys.modules.pop("relax_cli_test_rewards", None)
@@ -135,7 +155,10 @@ def test_load_reward_function(reward_module):
         ("", "--custom-rm-path needs 'package.module:function'"),
         ("nodots", "--custom-rm-path 'nodots' is malformed"),
         ("no_such_module_xyz:score", "cannot import module 'no_such_module_xyz'"),
-        ("relax_cli_test_rewards:missing", "has no attribute 'missing'. Its public callables: score, two_args"),
+        (
+            "relax_cli_test_rewards:missing",
+            "has no attribute 'missing'. Its public callables: score, two_args",
+        ),
         ("relax_cli_test_rewards:LIMIT", "'LIMIT' is a int, not a function"),
         ("relax_cli_test_rewards:two_args", "must accept (prompt, completion, label, metadata)"),
     ],

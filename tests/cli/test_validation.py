@@ -57,8 +57,10 @@ def test_valid_default_configuration_passes(cli):
 
 def test_required_advantage_normalization(cli, user_module):
     err = rejected(cli, "--advantage-estimator", spec(user_module, "NeedsNorm"))
-    assert "NeedsNorm (--advantage-estimator relax_cli_test_user_algos:NeedsNorm) requires advantage " \
+    assert (
+        "NeedsNorm (--advantage-estimator relax_cli_test_user_algos:NeedsNorm) requires advantage "
         "normalization: add --normalize-advantages" in err
+    )
     assert dry(cli, "--advantage-estimator", spec(user_module, "NeedsNorm"), "--normalize-advantages")[0] == 0
 
 
@@ -71,11 +73,15 @@ def test_forbidden_advantage_normalization(cli, user_module):
 def test_min_group_size(cli, user_module):
     err = rejected(cli, "--advantage-estimator", spec(user_module, "MinGroup4"), "--n-samples-per-prompt", 2)
     assert "requires --n-samples-per-prompt >= 4 (got 2)" in err
-    assert dry(cli, "--advantage-estimator", spec(user_module, "MinGroup4"), "--n-samples-per-prompt", 4)[0] == 0
+    assert (
+        dry(cli, "--advantage-estimator", spec(user_module, "MinGroup4"), "--n-samples-per-prompt", 4)[0] == 0
+    )
 
 
 def test_group_relative_needs_two_samples(cli, user_module):
-    err = rejected(cli, "--advantage-estimator", spec(user_module, "GroupRelative"), "--n-samples-per-prompt", 1)
+    err = rejected(
+        cli, "--advantage-estimator", spec(user_module, "GroupRelative"), "--n-samples-per-prompt", 1
+    )
     assert "with --n-samples-per-prompt 1 every group carries no signal" in err
     assert dry(cli, "--advantage-estimator", spec(user_module, "Plain"), "--n-samples-per-prompt", 1)[0] == 0
 
@@ -85,13 +91,24 @@ def test_group_relative_needs_two_samples(cli, user_module):
     [
         (["--reward-keys", "correctness"], "needs at least two reward keys"),
         (["--reward-keys", "a", "a"], "lists 'a' more than once"),
-        (["--reward-keys", "a", "b", "--reward-weights", "1"],
-         "argument --reward-weights: reward_weights has 1 value(s) but reward_keys has 2"),
-        (["--reward-keys", "a", "b", "--reward-weights", "nan", "1"], "argument --reward-weights/--gdpo-reward-weights: must be finite, got 'nan'"),
-        (["--reward-keys", "a", "b", "--reward-weights", "0", "0"], "--reward-weights are all zero (0.0 0.0)"),
+        (
+            ["--reward-keys", "a", "b", "--reward-weights", "1"],
+            "argument --reward-weights: reward_weights has 1 value(s) but reward_keys has 2",
+        ),
+        (
+            ["--reward-keys", "a", "b", "--reward-weights", "nan", "1"],
+            "argument --reward-weights/--gdpo-reward-weights: must be finite, got 'nan'",
+        ),
+        (
+            ["--reward-keys", "a", "b", "--reward-weights", "0", "0"],
+            "--reward-weights are all zero (0.0 0.0)",
+        ),
         (["--reward-keys", "a", "b", "--reward-weights", "1e39", "1"], "overflow float32"),
         (["--reward-keys", "a", "b", "--reward-weights", "1e-50", "1e-50"], "all zero once cast to float32"),
-        (["--reward-keys", "a", "b", "--reward-key", "score"], "--reward-key score is not one of the reward keys (a b)"),
+        (
+            ["--reward-keys", "a", "b", "--reward-key", "score"],
+            "--reward-key score is not one of the reward keys (a b)",
+        ),
     ],
 )
 def test_reward_component_rules(cli, user_module, argv, message):
@@ -103,8 +120,19 @@ def test_reward_components_example_and_duplicates(cli, user_module):
     err = rejected(cli, "--advantage-estimator", spec(user_module, "MultiReward"), "--reward-keys", "x", "x")
     assert "needs at least two reward keys" in err and "got 1 (x)" in err
     assert "pass e.g. --reward-keys x correctness format" in err
-    code, config, _ = dry(cli, "--advantage-estimator", spec(user_module, "MultiReward"),
-                          "--gdpo-reward-keys", "a", "b", "--gdpo-reward-weights", "2", "0.5", "--reward-key", "b")
+    code, config, _ = dry(
+        cli,
+        "--advantage-estimator",
+        spec(user_module, "MultiReward"),
+        "--gdpo-reward-keys",
+        "a",
+        "b",
+        "--gdpo-reward-weights",
+        "2",
+        "0.5",
+        "--reward-key",
+        "b",
+    )
     assert code == 0
     assert config["reward_keys"] == ["a", "b"] and config["reward_weights"] == [2.0, 0.5]
 
@@ -116,39 +144,73 @@ def test_single_reward_method_accepts_one_key_but_checks_reward_key(cli, user_mo
 
 
 def test_rewards_normalization_required(cli, user_module):
-    err = rejected(cli, "--advantage-estimator", spec(user_module, "NeedsRewardNorm"),
-                   "--disable-rewards-normalization")
+    err = rejected(
+        cli, "--advantage-estimator", spec(user_module, "NeedsRewardNorm"), "--disable-rewards-normalization"
+    )
     assert "requires rewards normalization" in err and "remove --disable-rewards-normalization" in err
-    assert dry(cli, "--advantage-estimator", spec(user_module, "Plain"), "--disable-rewards-normalization")[0] == 0
+    assert (
+        dry(cli, "--advantage-estimator", spec(user_module, "Plain"), "--disable-rewards-normalization")[0]
+        == 0
+    )
 
 
 def test_reward_post_process_hook_forbidden(cli, user_module):
     hook = spec(user_module, "hook")
-    err = rejected(cli, "--advantage-estimator", spec(user_module, "NoHooks"),
-                   "--custom-reward-post-process-path", hook)
+    err = rejected(
+        cli, "--advantage-estimator", spec(user_module, "NoHooks"), "--custom-reward-post-process-path", hook
+    )
     assert "would silently skip NoHooks" in err and "remove --custom-reward-post-process-path" in err
-    assert dry(cli, "--advantage-estimator", spec(user_module, "Plain"), "--custom-reward-post-process-path", hook)[0] == 0
+    assert (
+        dry(
+            cli,
+            "--advantage-estimator",
+            spec(user_module, "Plain"),
+            "--custom-reward-post-process-path",
+            hook,
+        )[0]
+        == 0
+    )
 
 
 def test_reward_side_kl_forbidden(cli, user_module):
     err = rejected(cli, "--advantage-estimator", spec(user_module, "NoRewardKL"), "--kl-coef", "0.1")
     assert "does not support a nonzero --kl-coef (got 0.1)" in err and "Set --kl-coef 0" in err
-    assert dry(cli, "--advantage-estimator", spec(user_module, "NoRewardKL"),
-               "--use-kl-loss", "--kl-loss-coef", "0.01")[0] == 0
+    assert (
+        dry(
+            cli,
+            "--advantage-estimator",
+            spec(user_module, "NoRewardKL"),
+            "--use-kl-loss",
+            "--kl-loss-coef",
+            "0.01",
+        )[0]
+        == 0
+    )
 
 
 def test_global_token_loss_required(cli, user_module):
-    err = rejected(cli, "--advantage-estimator", spec(user_module, "TokenLoss"),
-                   "--loss-aggregation", "seq_mean_token_mean")
+    err = rejected(
+        cli,
+        "--advantage-estimator",
+        spec(user_module, "TokenLoss"),
+        "--loss-aggregation",
+        "seq_mean_token_mean",
+    )
     assert "use --loss-aggregation token_mean (got seq_mean_token_mean)" in err
 
 
 def test_on_policy_updates(cli, user_module):
     on_policy = spec(user_module, "OnPolicy")
     err = rejected(cli, "--advantage-estimator", on_policy, "--num-steps-per-rollout", 2)
-    assert "requires exactly one optimizer step per rollout" in err and "--num-steps-per-rollout 1 (got 2)" in err
+    assert (
+        "requires exactly one optimizer step per rollout" in err
+        and "--num-steps-per-rollout 1 (got 2)" in err
+    )
     err = rejected(cli, "--advantage-estimator", on_policy, "--global-batch-size", 64)
-    assert "--global-batch-size must equal --rollout-batch-size x --n-samples-per-prompt = 32 x 8 = 256 (got 64)" in err
+    assert (
+        "--global-batch-size must equal --rollout-batch-size x --n-samples-per-prompt = 32 x 8 = 256 (got 64)"
+        in err
+    )
     code, config, _ = dry(cli, "--advantage-estimator", on_policy)
     assert code == 0 and config["num_steps_per_rollout"] == 1 and config["global_batch_size"] == 256
 
@@ -166,8 +228,14 @@ def test_default_mini_batches(cli, user_module):
 
 
 def test_dynamic_filter_with_multi_reward_warns(cli, user_module):
-    code, out, err = cli("train", "--dry-run", "--advantage-estimator", spec(user_module, "MultiReward"),
-                         "--dynamic-sampling-filter-path", spec(user_module, "hook"))
+    code, out, err = cli(
+        "train",
+        "--dry-run",
+        "--advantage-estimator",
+        spec(user_module, "MultiReward"),
+        "--dynamic-sampling-filter-path",
+        spec(user_module, "hook"),
+    )
     assert code == 0
     assert "relax train: warning: --dynamic-sampling-filter-path" in err and "every reward key" in err
     code, out, err = cli("train", "--dry-run", "--dynamic-sampling-filter-path", spec(user_module, "hook"))
@@ -177,11 +245,20 @@ def test_dynamic_filter_with_multi_reward_warns(cli, user_module):
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["--global-batch-size", 12],
-         "--global-batch-size 12 does not divide the --rollout-batch-size 32 x --n-samples-per-prompt 8 = 256"),
-        (["--rollout-batch-size", 4, "--global-batch-size", 4], "must hold whole prompt groups of --n-samples-per-prompt 8"),
+        (
+            ["--global-batch-size", 12],
+            "--global-batch-size 12 does not divide the "
+            "--rollout-batch-size 32 x --n-samples-per-prompt 8 = 256",
+        ),
+        (
+            ["--rollout-batch-size", 4, "--global-batch-size", 4],
+            "must hold whole prompt groups of --n-samples-per-prompt 8",
+        ),
         (["--num-steps-per-rollout", 3], "--num-steps-per-rollout 3 does not divide"),
-        (["--global-batch-size", 64, "--num-steps-per-rollout", 2], "64 x --num-steps-per-rollout 2 = 128 must equal"),
+        (
+            ["--global-batch-size", 64, "--num-steps-per-rollout", 2],
+            "64 x --num-steps-per-rollout 2 = 128 must equal",
+        ),
         (["--micro-batch-size", 48], "--micro-batch-size 48 must divide each worker's mini-batch of 128"),
         (["--actor-num-workers", 3], "cannot be split evenly over 3 data-parallel worker(s)"),
     ],
@@ -208,7 +285,10 @@ def test_kl_loss_coef_without_use_kl_loss_warns(cli):
 def test_megatron_backend_without_megatron_core(cli, monkeypatch):
     monkeypatch.setattr(validation, "megatron_installed", lambda: False)
     err = rejected(cli, "--backend", "megatron")
-    assert "--backend megatron needs megatron-core, which is not installed: pip install 'relax-rl[megatron]'" in err
+    assert (
+        "--backend megatron needs megatron-core, which is not installed: pip install 'relax-rl[megatron]'"
+        in err
+    )
     monkeypatch.setattr(validation, "megatron_installed", lambda: True)
     assert dry(cli, "--backend", "megatron")[0] == 0
     err = rejected(cli, "--backend", "megatron", "--actor-num-workers", 3, "--tensor-model-parallel-size", 2)
@@ -327,9 +407,9 @@ def test_user_copy_matches_builtin(cli, user_module, builtin):
         b_code, b_out, b_err = cli("train", "--dry-run", "--advantage-estimator", builtin.name, *variant)
         u_code, u_out, u_err = cli("train", "--dry-run", "--advantage-estimator", copy, *variant)
         assert b_code == u_code, (variant, b_err, u_err)
-        normalize = lambda s: s.replace(f"Copy{builtin.__name__} (--advantage-estimator {copy})",  # noqa: E731
-                                        f"{builtin.__name__} (--advantage-estimator {builtin.name})")
-        assert normalize(u_err) == b_err, variant
+        user_label = f"Copy{builtin.__name__} (--advantage-estimator {copy})"
+        builtin_label = f"{builtin.__name__} (--advantage-estimator {builtin.name})"
+        assert u_err.replace(user_label, builtin_label) == b_err, variant
         if b_code == 0:
             b_cfg, u_cfg = yaml.safe_load(b_out), yaml.safe_load(u_out)
             for cfg in (b_cfg, u_cfg):

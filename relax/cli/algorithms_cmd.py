@@ -46,9 +46,20 @@ def _cell(value) -> str:
     return str(value)
 
 
+def algorithm_doc(cls: type[RLAlgorithm]) -> str:
+    """The class's own docstring, else its module's (never the parent class's: it describes another method)."""
+    own = cls.__dict__.get("__doc__")
+    if own and own.strip():
+        return inspect.cleandoc(own)
+    module = sys.modules.get(cls.__module__)
+    if module is not None and module.__doc__ and module.__doc__.strip():
+        return inspect.cleandoc(module.__doc__)
+    return ""
+
+
 def _summary(cls: type[RLAlgorithm]) -> str:
-    doc = inspect.getdoc(cls) or ""
-    return doc.strip().splitlines()[0] if doc.strip() else ""
+    doc = algorithm_doc(cls)
+    return doc.splitlines()[0] if doc else ""
 
 
 def _display_name(cls: type[RLAlgorithm]) -> str:
@@ -108,7 +119,7 @@ def _flag_table(parser: argparse.ArgumentParser | None) -> dict[str, argparse.Ac
 def format_details(cls: type[RLAlgorithm], parser: argparse.ArgumentParser | None = None) -> str:
     """Docstring, capabilities and hyper-parameter flags of one method."""
     out = [f"{_display_name(cls)}  ({cls.__module__}.{cls.__qualname__})", ""]
-    doc = inspect.getdoc(cls)
+    doc = algorithm_doc(cls)
     if doc:
         out += [doc, ""]
     if cls.paper:
@@ -126,7 +137,7 @@ def format_details(cls: type[RLAlgorithm], parser: argparse.ArgumentParser | Non
                 out.append(f"  {field}")
                 continue
             default = action.default
-            shown = "" if default is None else f" (default: {default})"
+            shown = "" if default is None or isinstance(default, bool) else f" (default: {default})"
             out.append(f"  {', '.join(action.option_strings)}{shown}: {action.help}")
     else:
         out.append("Hyper-parameters: none beyond the common flags (see `relax train --help`).")

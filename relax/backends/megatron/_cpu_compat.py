@@ -8,6 +8,8 @@ attention mask, dropout 0 with the inference RNG tracker). Measured on megatron-
 - ``torch.cuda.current_device()`` as an allocation device: the attention scratch buffer
   (``core/utils.py`` ``GlobalMemoryBuffer``), the DDP gradient buffer (``param_and_grad_buffer.py``).
   Fix: :func:`apply` makes ``torch.cuda.current_device`` return ``"cpu"`` (process-wide, idempotent).
+- ``torch.cuda.synchronize()`` after pipeline point-to-point sends (``p2p_communication.py``):
+  :func:`apply` makes it a no-op (CPU collectives are synchronous).
 - literal ``device="cuda"`` tensors: ``FP32Optimizer._scale``, the schedule's token counter,
   ``clip_grads`` / the local multi-tensor l2-norm; and the clip-grads assertion
   ``param.grad.type() == 'torch.cuda.FloatTensor'``. Fix: :func:`cpu_device_scope`, a
@@ -61,6 +63,10 @@ def _cpu_current_device() -> str:
     return "cpu"
 
 
+def _cpu_synchronize(device=None) -> None:
+    return None
+
+
 def apply() -> None:
     """Make megatron-core usable without CUDA. Idempotent; call only when CUDA is unavailable."""
     global _applied
@@ -71,6 +77,7 @@ def apply() -> None:
         if _applied:
             return
         torch.cuda.current_device = _cpu_current_device
+        torch.cuda.synchronize = _cpu_synchronize
         _applied = True
 
 

@@ -13,6 +13,7 @@ loss handed to Megatron is therefore multiplied by ``num_microbatches * dp_size`
 
 from __future__ import annotations
 
+import math
 import socket
 from collections.abc import Mapping
 from functools import partial
@@ -104,7 +105,13 @@ class MegatronBackend(TrainingBackend):
         tensor_model_parallel_size: int = 1,
         pipeline_model_parallel_size: int = 1,
         micro_batch_size: int | None = None,
+        temperature: float = 1.0,
+        dp_grad_reduction: str = "sum",
     ):
+        if dp_grad_reduction not in ("sum", "mean"):
+            raise ValueError(f"dp_grad_reduction must be 'sum' or 'mean', got {dp_grad_reduction!r}")
+        if temperature <= 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}")
         if not torch.cuda.is_available():
             _cpu_compat.apply()
         else:
@@ -120,13 +127,15 @@ class MegatronBackend(TrainingBackend):
 
         self.model_config = model_config
         self.micro_batch_size = micro_batch_size
+        self.temperature = temperature
+        self.dp_grad_reduction = dp_grad_reduction
         self.steps = 0
         ensure_distributed()
         init_parallel_state(tensor_model_parallel_size, pipeline_model_parallel_size, seed)
         ps = parallel_state
         self.tp_rank, self.tp_size = ps.get_tensor_model_parallel_rank(), ps.get_tensor_model_parallel_world_size()
         self.pp_size = ps.get_pipeline_model_parallel_world_size()
-        self.dp_size = ps.get_data_parallel_world_size()
+        self.dp_rank, self.dp_size = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
         self.tp_group, self.pp_group = ps.get_tensor_model_parallel_group(), ps.get_pipeline_model_parallel_group()
         self.dp_group = ps.get_data_parallel_group()
         self.is_first_stage = ps.is_pipeline_first_stage()
@@ -205,7 +214,10 @@ class MegatronBackend(TrainingBackend):
     def _token_log_probs(self, logits: torch.Tensor, batch: TokenBatch, with_entropy: bool) -> TokenLogProbs:
         """Response-token log-probs from full-sequence logits ``[b, P+T, V/tp]`` (token t at column P+t-1)."""
         p, t = batch.prompt_width, batch.response_ids.shape[1]
-        logits = mask_padded_vocab(logits[:, p - 1 : p + t - 1], self.model_config.vocab_size, tp_rank=self.tp_rank)
+        logits = logits[:, p - 1 : p + t - 1].float()
+        if self.temperature != 1.0:  # match a rollout that sampled at this temperature
+            logits = logits / self.temperature
+        logits = mask_padded_vocab(logits, self.model_config.vocab_size, tp_rank=self.tp_rank)
         mask = batch.response_mask
         log_probs = vocab_parallel_log_probs(logits, batch.response_ids) * mask
         entropy = vocab_parallel_entropy(logits) * mask if with_entropy else None
@@ -252,8 +264,10 @@ class MegatronBackend(TrainingBackend):
 
     # -- TrainingBackend ---------------------------------------------------------------------
 
-    def compute_log_probs(self, batch: TokenBatch, *, with_entropy: bool = False) -> TokenLogProbs:
-        rows = self._micro_batches(len(batch), None)
+    def compute_log_probs(
+        self, batch: TokenBatch, *, with_entropy: bool = False, micro_batch_size: int | None = None
+    ) -> TokenLogProbs:
+        rows = self._micro_batches(len(batch), micro_batch_size)
 
         def collect(mb, part, logits):
             out = self._token_log_probs(logits, mb, with_entropy)
@@ -270,31 +284,69 @@ class MegatronBackend(TrainingBackend):
             result = TokenLogProbs(log_probs=log_probs.float(), entropy=None if entropy is None else entropy.float())
         return self._from_last_stage(result)
 
-    def train_step(self, batch: TokenBatch, loss_fn: LossFn, *, micro_batch_size: int | None = None) -> dict[str, float]:
+    def train_step(
+        self, batch: TokenBatch, loss_fn: LossFn, *, micro_batch_size: int | None = None, with_entropy: bool = True
+    ) -> dict[str, float]:
+        metrics = self.accumulate_gradients(batch, loss_fn, micro_batch_size=micro_batch_size, with_entropy=with_entropy)
+        with _cpu_compat.cpu_device_scope():
+            ok, grad_norm, _ = self.optimizer.step()
+        if not ok or grad_norm is None or not math.isfinite(grad_norm):
+            raise FloatingPointError(
+                f"non-finite gradient norm ({grad_norm}) at optimizer step {self.steps + 1}; the step was not "
+                "applied. Lower --lr or check the rewards/advantages for extreme values."
+            )
+        metrics.update(grad_norm=float(grad_norm), lr=self.optimizer.param_groups[0]["lr"])
+        self.steps += 1
+        return metrics
+
+    def accumulate_gradients(
+        self, batch: TokenBatch, loss_fn: LossFn, *, micro_batch_size: int | None = None, with_entropy: bool = True
+    ) -> dict[str, float]:
+        """Forward/backward over all micro-batches and the DP gradient reduction, without a step.
+
+        ``train_step`` is this plus ``optimizer.step()`` (clipping included). Returns the loss
+        metrics (loss summed over micro-batches, others averaged, like ``TorchBackend``).
+        """
         rows = self._micro_batches(len(batch), micro_batch_size)
-        scale = len(rows) * self.dp_size  # undo Megatron's micro-batch mean and DDP's DP mean
+        # Undo Megatron's mean over micro-batches and (for "sum") DDP's mean over DP ranks.
+        scale = len(rows) * (self.dp_size if self.dp_grad_reduction == "sum" else 1)
 
         def loss_func(mb, part, logits):
-            out = loss_fn(self._token_log_probs(logits, mb, with_entropy=True), part)
+            out = loss_fn(self._token_log_probs(logits, mb, with_entropy=with_entropy), part)
             metrics = {k: torch.as_tensor(v).detach().float() for k, v in out.metrics.items()}
-            metrics.setdefault("loss", out.loss.detach().float())
-            return out.loss * scale, metrics
+            return out.loss * scale, {"__loss": out.loss.detach().float(), **metrics}
 
         self.model.train()
         with _cpu_compat.cpu_device_scope():
             self.model.zero_grad_buffer()
             self.optimizer.zero_grad()
             store = self._run_schedule(batch, rows, loss_func, forward_only=False)
-            ok, grad_norm, _ = self.optimizer.step()
-        if not ok:
-            raise FloatingPointError("the Megatron optimizer skipped the step (non-finite gradients)")
         metrics = None
         if self.is_last_stage:
-            metrics = {k: float(torch.stack([s[k] for s in store]).mean()) for k in store[0]}
-        metrics = self._from_last_stage(metrics)
-        metrics["grad_norm"] = float(grad_norm)
-        self.steps += 1
-        return metrics
+            metrics = {k: float(torch.stack([s[k] for s in store]).mean()) for k in store[0] if k != "__loss"}
+            metrics["loss"] = float(sum(s["__loss"] for s in store))
+        return self._from_last_stage(metrics)
+
+    def gradients(self) -> dict[str, torch.Tensor]:
+        """The reduced gradients of the last ``accumulate_gradients``/``train_step`` in ``TinyCausalLM``
+        naming (after ``train_step`` they are clipped). A collective over tp and pp."""
+        grads = {name: p.main_grad for name, p in self.model.module.named_parameters()}
+        return self._gather(grads)
+
+    @torch.no_grad()
+    def logits(self, batch: TokenBatch) -> torch.Tensor:
+        """Full-vocabulary logits ``[N, S, V]`` (gathered over tp). For checks; pipeline size 1 only."""
+        if self.pp_size > 1:
+            raise NotImplementedError("logits() needs --pipeline-model-parallel-size 1")
+        self.model.eval()
+        with _cpu_compat.cpu_device_scope():
+            shard = self.model(*self._model_inputs(batch))
+        self.model.train()
+        if self.tp_size > 1:
+            parts = [torch.empty_like(shard) for _ in range(self.tp_size)]
+            dist.all_gather(parts, shard.contiguous(), group=self.tp_group)
+            shard = torch.cat(parts, dim=-1)
+        return shard[..., : self.model_config.vocab_size]
 
     # -- checkpoints -------------------------------------------------------------------------
 

@@ -47,7 +47,7 @@ def _cell(value) -> str:
 
 
 def algorithm_doc(cls: type[RLAlgorithm]) -> str:
-    """The class's own docstring, else its module's (never the parent class's: it describes another method)."""
+    """The class's own docstring, else its module's (an inherited one describes another method)."""
     own = cls.__dict__.get("__doc__")
     if own and own.strip():
         return inspect.cleandoc(own)

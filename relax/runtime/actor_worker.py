@@ -1,0 +1,289 @@
+"""The actor role (one Ray actor per data-parallel rank) and the critic role (PPO).
+
+Each actor rank reads its shard of the step from the data plane, computes the old (and, with a KL
+term, reference) log-probs, and runs one optimizer step per mini-batch with ``algorithm.policy_loss``
+normalized by the mini-batch's *global* token and sequence counts, so micro-batching and data
+parallelism reproduce the single-process loss exactly. Rank 0 returns the new weights for the
+rollout. ``ActorCore`` / ``CriticCore`` are plain Python; the ``*Worker`` classes are the Ray actors.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+
+from relax.algorithms import AdvantageInputs, PolicyLossInputs, load_algorithm
+from relax.algorithms import numerics as N
+from relax.backends.base import TokenBatch
+from relax.backends.torch_backend import TorchBackend
+from relax.runtime import components
+from relax.runtime.schedule import StepPlan
+
+BATCH_FIELDS = ("prompt_ids", "prompt_mask", "response_ids", "response_mask")
+
+
+def token_batch(fields) -> TokenBatch:
+    return TokenBatch(
+        prompt_ids=fields["prompt_ids"].long(),
+        prompt_mask=fields["prompt_mask"].bool(),
+        response_ids=fields["response_ids"].long(),
+        response_mask=fields["response_mask"].bool(),
+    )
+
+
+def _offsets(sizes) -> list[slice]:
+    out, start = [], 0
+    for s in sizes:
+        out.append(slice(start, start + s))
+        start += s
+    return out
+
+
+def _mean_metrics(parts: list[dict]) -> dict[str, float]:
+    keys = {k for p in parts for k in p}
+    return {k: sum(p[k] for p in parts if k in p) / sum(1 for p in parts if k in p) for k in sorted(keys)}
+
+
+class ActorCore:
+    def __init__(self, config, algorithm_spec: str, rank: int = 0, world_size: int = 1, *, with_reference: bool,
+                 advantages_on_actor: bool, data_plane=None):
+        torch.set_num_threads(1)
+        torch.manual_seed(config.seed + rank)
+        self.config = config
+        self.rank, self.world_size = rank, world_size
+        self.algorithm = load_algorithm(algorithm_spec)(config.algorithm)
+        self.model = components.build_policy_model(config)
+        self.reference = components.build_reference_model(config) if with_reference else None
+        self.advantages_on_actor = advantages_on_actor
+        self.process_group = None
+        self.backend = self._make_backend()
+        self.data_plane = data_plane
+        self._cache: dict | None = None
+
+    def _make_backend(self) -> TorchBackend:
+        return TorchBackend(
+            self.model,
+            lr=self.config.lr,
+            clip_grad=self.config.clip_grad,
+            temperature=self.config.rollout_temperature,
+            process_group=self.process_group,
+            forward_logits=components.forward_logits_fn(self.config),
+        )
+
+    def init_process_group(self, address: str) -> bool:
+        """Join the data-parallel group (gloo on CPU, nccl on GPU) at ``tcp://address``."""
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        dist.init_process_group(backend, init_method=f"tcp://{address}", rank=self.rank, world_size=self.world_size)
+        self.process_group = dist.group.WORLD
+        self.backend.process_group = self.process_group
+        return True
+
+    # -- phase 1 (only when the advantages need KL): log-probs, written to the data plane --
+    def _load_shard(self, step: int, plan: StepPlan, extra: tuple[str, ...]) -> dict:
+        uids = plan.rank_uids(self.rank)
+        read = self.data_plane.read(step, BATCH_FIELDS + ("rewards",) + extra, "actor", len(uids), uids)
+        batch = token_batch(read.fields) if uids else None
+        cache = {"step": step, "read": read, "batch": batch, "fields": dict(read.fields)}
+        if batch is not None:
+            mb = self.config.micro_batch_size
+            cache["old_log_probs"] = self.backend.compute_log_probs(batch, micro_batch_size=mb).log_probs
+            if self.reference is not None:
+                ref_backend = TorchBackend(
+                    self.reference, temperature=self.config.rollout_temperature,
+                    forward_logits=components.forward_logits_fn(self.config),
+                )
+                cache["ref_log_probs"] = ref_backend.compute_log_probs(batch, micro_batch_size=mb).log_probs
+        return cache
+
+    def prepare(self, step: int, plan: StepPlan) -> dict:
+        """Old/reference log-probs of this rank's shard; writes the reward-side ``kl`` field."""
+        t0 = time.perf_counter()
+        self._cache = self._load_shard(step, plan, ())
+        if self._cache["batch"] is not None and self.reference is not None:
+            kl = N.kl_estimate(self._cache["old_log_probs"], self._cache["ref_log_probs"], "k1")
+            kl = kl * self._cache["batch"].response_mask
+            self.data_plane.add_fields(self._cache["read"], {"kl": kl.float()})
+        return {"time/actor/prepare_s": time.perf_counter() - t0}
+
+    # -- phase 2: the optimizer steps --
+    def train(self, step: int, plan: StepPlan, *, with_values: bool = False, return_weights: bool = True):
+        t0 = time.perf_counter()
+        if self._cache is None or self._cache["step"] != step:
+            extra = () if self.advantages_on_actor else ("advantages",)
+            if self.advantages_on_actor and with_values:
+                extra += ("values",)
+            self._cache = self._load_shard(step, plan, extra)
+        elif not self.advantages_on_actor and self._cache["batch"] is not None:
+            uids = plan.rank_uids(self.rank)
+            adv = self.data_plane.read(step, ("advantages",), "actor_advantages", len(uids), uids)
+            self._cache["fields"]["advantages"] = adv["advantages"]
+        cache, self._cache = self._cache, None
+        t1 = time.perf_counter()
+        seg = plan.rank_segment_sizes(self.rank)
+        metrics_parts = []
+        batch = cache["batch"]
+        if batch is not None and self.advantages_on_actor:
+            kl = None
+            if self.reference is not None:
+                kl = N.kl_estimate(cache["old_log_probs"], cache["ref_log_probs"], "k1") * batch.response_mask
+            inputs = AdvantageInputs(
+                rewards=cache["fields"]["rewards"].float(), response_mask=batch.response_mask,
+                values=cache["fields"].get("values"), kl=kl, segment_sizes=seg,
+            )
+            advantages, _ = self.algorithm.compute_advantages(inputs, process_group=self.process_group)
+            cache["fields"]["advantages"] = advantages
+        for j, rows in enumerate(_offsets(seg)):
+            sub = batch.select(rows) if batch is not None else None
+            metrics_parts.append(self._optimizer_step(cache, rows, sub, plan.global_tokens[j], plan.global_sequences[j]))
+        t2 = time.perf_counter()
+        metrics = {f"actor/{k}": v for k, v in _mean_metrics(metrics_parts).items()}
+        metrics.update({"time/actor/read_s": t1 - t0, "time/actor/optimize_s": t2 - t1})
+        weights = self.backend.export_weights() if (return_weights and self.rank == 0) else None
+        return metrics, weights
+
+    def _optimizer_step(self, cache, rows: slice, sub: TokenBatch | None, tokens: int, sequences: int) -> dict:
+        if sub is None or len(sub) == 0:
+            sub = _empty_batch(cache)
+            fields = None
+        else:
+            fields = {name: cache[name][rows] for name in ("old_log_probs", "ref_log_probs") if name in cache}
+            fields["advantages"] = cache["fields"]["advantages"][rows].float()
+        want_entropy = self.config.algorithm.entropy_coef != 0.0
+
+        def loss_fn(tlp, micro: slice):
+            if fields is None:  # this rank holds nothing of the mini-batch: zero loss, still reduce
+                return _zero_loss(tlp)
+            return self.algorithm.policy_loss(
+                PolicyLossInputs(
+                    log_probs=tlp.log_probs,
+                    old_log_probs=fields["old_log_probs"][micro],
+                    advantages=fields["advantages"][micro],
+                    response_mask=sub.response_mask[micro],
+                    ref_log_probs=fields["ref_log_probs"][micro] if "ref_log_probs" in fields else None,
+                    entropy=tlp.entropy,
+                    global_num_tokens=float(tokens),
+                    global_num_sequences=float(sequences),
+                )
+            )
+
+        return self.backend.train_step(
+            sub, loss_fn, micro_batch_size=self.config.micro_batch_size, with_entropy=want_entropy
+        )
+
+    # -- checkpoints --
+    def state_dict(self) -> dict:
+        return {"backend": self.backend.state_dict(), "torch_rng": torch.get_rng_state()}
+
+    def load_state_dict(self, state) -> bool:
+        self.backend.load_state_dict(state["backend"])
+        torch.set_rng_state(state["torch_rng"])
+        return True
+
+    def export_weights(self) -> dict:
+        return self.backend.export_weights()
+
+
+def _empty_batch(cache) -> TokenBatch:
+    """A zero-row batch shaped like any batch of the step (ranks without data in a mini-batch)."""
+    z = torch.zeros((0, 1), dtype=torch.long)
+    return TokenBatch(prompt_ids=z, prompt_mask=z.bool(), response_ids=z, response_mask=z.bool())
+
+
+def _zero_loss(tlp):
+    from relax.algorithms import PolicyLossOutput
+
+    return PolicyLossOutput(loss=tlp.log_probs.sum() * 0.0, metrics={})
+
+
+class CriticCore:
+    """PPO's value model: reads the whole step (one worker), writes ``values``, then trains on the
+    ``returns`` of the advantages role with the clipped value loss."""
+
+    def __init__(self, config, data_plane=None):
+        torch.set_num_threads(1)
+        self.config = config
+        self.model = components.ValueModel(components.build_policy_model(config))
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.critic_lr, weight_decay=0.0)
+        self.data_plane = data_plane
+        self._cache = None
+
+    def values(self, step: int, plan: StepPlan) -> dict:
+        t0 = time.perf_counter()
+        read = self.data_plane.read(step, BATCH_FIELDS, "critic", plan.num_groups)
+        batch = token_batch(read.fields)
+        with torch.no_grad():
+            self.model.eval()
+            values = components.response_values(self.model, batch)
+        self.data_plane.add_fields(read, {"values": values})
+        self._cache = {"step": step, "batch": batch, "values": values}
+        return {"time/critic/values_s": time.perf_counter() - t0}
+
+    def train(self, step: int, plan: StepPlan) -> dict:
+        t0 = time.perf_counter()
+        cache, self._cache = self._cache, None
+        if cache is None or cache["step"] != step:
+            raise RuntimeError(f"critic.train({step}) without critic.values({step}) first")
+        returns = self.data_plane.read(step, ("returns",), "critic_returns", plan.num_groups)["returns"].float()
+        batch, old_values = cache["batch"], cache["values"]
+        parts = []
+        self.model.train()
+        for j, rows in enumerate(_offsets(plan.segment_sizes)):
+            sub = batch.select(rows)
+            self.optimizer.zero_grad(set_to_none=False)
+            values = components.response_values(self.model, sub)
+            loss, clipfrac = N.value_loss(
+                values, old_values[rows], returns[rows], sub.response_mask, self.config.value_clip,
+                "token_mean", global_num_tokens=float(plan.global_tokens[j]),
+            )
+            loss.backward()
+            clip = self.config.clip_grad if self.config.clip_grad and self.config.clip_grad > 0 else float("inf")
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip))
+            self.optimizer.step()
+            parts.append({"value_loss": float(loss.detach()), "value_clipfrac": float(clipfrac), "grad_norm": grad_norm})
+        metrics = {f"critic/{k}": v for k, v in _mean_metrics(parts).items()}
+        metrics["time/critic/train_s"] = time.perf_counter() - t0
+        return metrics
+
+    def state_dict(self) -> dict:
+        return {
+            "model": {k: v.detach().clone() for k, v in self.model.state_dict().items()},
+            "optimizer": self.optimizer.state_dict(),
+        }
+
+    def load_state_dict(self, state) -> bool:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        return True
+
+
+class _Attaching:
+    def attach(self) -> bool:
+        from relax.runtime.data_plane import TransferQueueDataPlane
+
+        self.data_plane = TransferQueueDataPlane().attach()
+        return True
+
+
+class ActorWorker(_Attaching, ActorCore):
+    """Ray actor for one data-parallel rank."""
+
+    def free_address(self) -> str:
+        """``ip:port`` where this rank can host the process-group rendezvous."""
+        import socket
+
+        import ray
+
+        ip = ray.util.get_node_ip_address()
+        with socket.socket() as s:
+            s.bind((ip, 0))
+            return f"{ip}:{s.getsockname()[1]}"
+
+    def train_step(self, step: int, plan: StepPlan, with_values: bool = False):
+        """Ray entry point with two return values: (metrics, weights or None)."""
+        return self.train(step, plan, with_values=with_values)
+
+
+class CriticWorker(_Attaching, CriticCore):
+    """Ray actor of the critic."""

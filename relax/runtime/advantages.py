@@ -1,0 +1,77 @@
+"""The advantages role: a Ray Serve deployment that instantiates the algorithm from its spec string
+and calls ``compute_advantages`` on the whole step, one segment per optimizer mini-batch.
+
+``AdvantagesCore`` is plain Python (unit-testable without Ray); ``AdvantagesDeployment`` wraps it
+for Serve. Settings follow shared/notes/ray-and-transferqueue.md A.3: a fractional CPU, no HTTP
+proxy (the runtime calls it through a handle), access logs off, fast graceful shutdown.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from relax.algorithms import AdvantageInputs, load_algorithm
+
+APP_NAME = "relax_advantages"
+
+
+class AdvantagesCore:
+    def __init__(self, algorithm_spec: str, algorithm_config, data_plane=None):
+        torch.set_num_threads(1)
+        self.algorithm = load_algorithm(algorithm_spec)(algorithm_config)
+        self.data_plane = data_plane
+
+    def compute(self, step: int, num_groups: int, segment_sizes: tuple[int, ...], with_values: bool,
+                with_kl: bool) -> dict:
+        """Read rewards/masks (and values, KL) of the step, write ``advantages`` and ``returns``."""
+        t0 = time.perf_counter()
+        fields = ("rewards", "response_mask") + (("values",) if with_values else ()) + (("kl",) if with_kl else ())
+        read = self.data_plane.read(step, fields, "advantages", num_groups)
+        t1 = time.perf_counter()
+        inputs = AdvantageInputs(
+            rewards=read["rewards"].float(),
+            response_mask=read["response_mask"].bool(),
+            values=read["values"].float() if with_values else None,
+            kl=read["kl"].float() if with_kl else None,
+            segment_sizes=tuple(segment_sizes),
+        )
+        advantages, returns = self.algorithm.compute_advantages(inputs)
+        self.data_plane.add_fields(read, {"advantages": advantages.float(), "returns": returns.float()})
+        mask = inputs.response_mask
+        valid = advantages[mask]
+        return {
+            "advantages/mean": float(valid.mean()) if valid.numel() else 0.0,
+            "advantages/std": float(valid.std(unbiased=False)) if valid.numel() else 0.0,
+            "time/advantages/read_s": t1 - t0,
+            "time/advantages/total_s": time.perf_counter() - t0,
+        }
+
+
+def make_deployment():
+    """The Serve deployment class (built lazily so importing this module does not import Serve)."""
+    from ray import serve
+
+    @serve.deployment(
+        name="advantages",
+        ray_actor_options={"num_cpus": 0.25},
+        max_ongoing_requests=64,
+        graceful_shutdown_wait_loop_s=0.1,
+        graceful_shutdown_timeout_s=0.5,
+        health_check_period_s=10,
+    )
+    class AdvantagesDeployment:
+        def __init__(self, algorithm_spec: str, algorithm_config):
+            self.core = AdvantagesCore(algorithm_spec, algorithm_config)
+
+        def compute(self, step, num_groups, segment_sizes, with_values, with_kl) -> dict:
+            if self.core.data_plane is None:
+                # Attach on first use, not in __init__: the driver starts TransferQueue while Serve
+                # brings this replica up, so neither waits for the other.
+                from relax.runtime.data_plane import TransferQueueDataPlane
+
+                self.core.data_plane = TransferQueueDataPlane().attach()
+            return self.core.compute(step, num_groups, segment_sizes, with_values, with_kl)
+
+    return AdvantagesDeployment

@@ -1,0 +1,151 @@
+"""The rollout role: draw prompts, sample a group of completions per prompt, score them, drop the
+groups that carry no signal for this algorithm, normalize the rewards, write the step to the data
+plane. ``RolloutCore`` is plain Python (unit-testable); ``RolloutWorker`` is its Ray actor.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from relax.algorithms import load_algorithm
+from relax.rollout.base import SamplingParams
+from relax.rollout.rewards import function_name, score
+from relax.runtime import components
+from relax.runtime.metrics import reward_stats
+
+# Fields the rollout writes for every kept completion.
+ROLLOUT_FIELDS = (
+    "prompt_ids", "prompt_mask", "response_ids", "response_mask", "rollout_log_probs", "rewards", "raw_rewards",
+)
+
+
+def filter_groups(algorithm, rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+    """Boolean ``[N]``: keep the samples whose prompt group carries a learning signal, as the
+    algorithm decides (``group_has_signal``). Whole groups only: a mixed answer is a bug."""
+    keep = algorithm.group_has_signal(rewards, group_ids)
+    if keep.dtype != torch.bool or keep.shape != group_ids.shape:
+        raise TypeError(
+            f"{type(algorithm).__name__}.group_has_signal must return a bool tensor of shape "
+            f"{tuple(group_ids.shape)}, got {keep.dtype} {tuple(keep.shape)}"
+        )
+    for g in torch.unique(group_ids[keep]).tolist():
+        if not bool(keep[group_ids == g].all()):
+            raise ValueError(
+                f"{type(algorithm).__name__}.group_has_signal kept only part of prompt group {g}; it must "
+                "keep or drop whole groups"
+            )
+    return keep
+
+
+class RolloutCore:
+    def __init__(self, config, algorithm_spec: str, data_plane=None):
+        torch.set_num_threads(1)
+        self.config = config
+        self.algorithm = load_algorithm(algorithm_spec)(config.algorithm)
+        self.engine = components.build_engine(config)
+        self.tokenizer = self.engine.tokenizer
+        self.prompts = components.build_prompt_source(config, self.tokenizer)
+        self.reward_fn, self.reward_keys = components.reward_setup(config)
+        self.generator = torch.Generator().manual_seed(config.seed)
+        self.params = SamplingParams(
+            temperature=config.rollout_temperature,
+            top_p=config.rollout_top_p,
+            max_new_tokens=config.rollout_max_response_len,
+        )
+        self.data_plane = data_plane
+        self.last_step: int | None = None
+
+    # -- one training step --
+    def step(self, step: int, weights=None) -> dict:
+        t0 = time.perf_counter()
+        if self.last_step is not None and self.data_plane is not None:
+            self.data_plane.clear(self.last_step)  # every consumer of the previous step is done
+        if weights is not None:
+            self.engine.load_weights(weights)
+        n = self.config.algorithm.n_samples_per_prompt
+        prompts = self.prompts.next_batch(self.config.rollout_batch_size)
+        ids = [self.tokenizer.encode(p.text) for p in prompts]
+        repeated = [ids[i] for i in range(len(prompts)) for _ in range(n)]
+        t1 = time.perf_counter()
+        gen = self.engine.generate(repeated, self.params, generator=self.generator)
+        t2 = time.perf_counter()
+        batch = gen.batch
+        completions = [
+            self.tokenizer.decode(r[m].tolist()) for r, m in zip(batch.response_ids, batch.response_mask)
+        ]
+        group_ids = torch.arange(len(prompts)).repeat_interleave(n)
+        texts = [prompts[g].text for g in group_ids.tolist()]
+        labels = [prompts[g].label for g in group_ids.tolist()]
+        meta = [{**prompts[g].metadata, "sample_index": j % n} for j, g in enumerate(group_ids.tolist())]
+        rewards = score(self.reward_fn, texts, completions, labels, meta, self.reward_keys)
+        t3 = time.perf_counter()
+        keep = filter_groups(self.algorithm, rewards, group_ids)
+        kept_ids = group_ids[keep]
+        normalized = (
+            self.algorithm.normalize_rewards(rewards[keep], kept_ids) if bool(keep.any()) else torch.zeros(0)
+        )
+        if normalized.shape != kept_ids.shape:
+            raise ValueError(
+                f"{type(self.algorithm).__name__}.normalize_rewards returned shape {tuple(normalized.shape)}, "
+                f"expected {tuple(kept_ids.shape)}"
+            )
+        kept_uids = torch.unique_consecutive(kept_ids).tolist()
+        if kept_uids and self.data_plane is not None:
+            self.data_plane.put_step(
+                step,
+                {
+                    "prompt_ids": batch.prompt_ids[keep],
+                    "prompt_mask": batch.prompt_mask[keep],
+                    "response_ids": batch.response_ids[keep],
+                    "response_mask": batch.response_mask[keep],
+                    "rollout_log_probs": gen.log_probs[keep],
+                    "rewards": normalized.float(),
+                    "raw_rewards": rewards[keep],
+                },
+                kept_ids,
+            )
+        t4 = time.perf_counter()
+        self.last_step = step
+        tokens_per_group = batch.response_mask[keep].sum(1).view(-1, n).sum(1).tolist() if kept_uids else []
+        generated = int(batch.response_mask.sum())
+        metrics = reward_stats(rewards, group_ids, self.reward_keys)
+        metrics.update(
+            {
+                "rollout/groups_kept": len(kept_uids),
+                "rollout/groups_dropped": len(prompts) - len(kept_uids),
+                "rollout/response_len": generated / len(repeated),
+                "rollout/generated_tokens": generated,
+                "time/rollout/generate_s": t2 - t1,
+                "time/rollout/reward_s": t3 - t2,
+                "time/rollout/write_s": t4 - t3,
+                "time/rollout/total_s": t4 - t0,
+            }
+        )
+        return {"metrics": metrics, "kept_uids": kept_uids, "group_size": n, "group_tokens": tokens_per_group}
+
+    # -- checkpoints --
+    def state_dict(self) -> dict:
+        return {"prompts": self.prompts.state_dict(), "generator": self.generator.get_state()}
+
+    def load_state_dict(self, state, weights=None) -> None:
+        self.prompts.load_state_dict(state["prompts"])
+        self.generator.set_state(state["generator"])
+        if weights is not None:
+            self.engine.load_weights(weights)
+
+    def describe(self) -> dict:
+        return {"reward_fn": function_name(self.reward_fn), "reward_keys": list(self.reward_keys)}
+
+class RolloutWorker(RolloutCore):
+    """The Ray actor (created with ``ray.remote``); attaches to the data plane on ``attach()``."""
+
+    def __init__(self, config, algorithm_spec: str):
+        super().__init__(config, algorithm_spec, data_plane=None)
+
+    def attach(self) -> bool:
+        from relax.runtime.data_plane import TransferQueueDataPlane
+
+        self.data_plane = TransferQueueDataPlane().attach()
+        return True

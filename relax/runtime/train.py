@@ -1,0 +1,430 @@
+"""``run(config)``: the training driver behind ``relax train``.
+
+It starts (or joins) Ray, builds the roles that ``derive_roles`` asks for, and runs ``num_rollout``
+synchronous steps: rollout -> [reference KL / critic values] -> advantages -> actor (+ critic)
+training -> new weights to the rollout. The driver only moves small control messages; batches go
+through the TransferQueue data plane and the new weights go from actor rank 0 to the rollout as a
+Ray object reference (never through the driver).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+
+import attrs
+import torch
+
+from relax.algorithms import load_algorithm
+from relax.runtime import roles as R
+from relax.runtime.metrics import MetricsLog, summary_table
+from relax.runtime.schedule import plan_step
+
+# Environment for Ray/TransferQueue on small machines (shared/notes/ray-and-transferqueue.md D.1).
+RAY_ENV_DEFAULTS = {
+    "RAY_AUTH_MODE": "disabled",  # no token file in ~/.ray, no warning
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",  # bind Ray, Serve and TQ to 127.0.0.1 on a laptop
+    "TQ_NUM_THREADS": "2",
+    "OMP_NUM_THREADS": "1",
+    "RAY_DEDUP_LOGS": "0",
+}
+WORKER_CPUS = 0.25  # logical: Ray's CPUs are scheduling tokens, not cores
+STARTUP_TIMEOUT_S = 300
+
+
+@attrs.frozen
+class RunSummary:
+    output_dir: str
+    steps_run: int
+    last_step: int
+    reward_first_last: dict  # component -> (mean over first 10% of steps, mean over last 10%)
+    startup_s: float
+    train_s: float
+    total_s: float
+    metrics_path: str
+    checkpoint: str | None
+
+
+class WorkerDied(RuntimeError):
+    pass
+
+
+def _log(msg: str, bar=None) -> None:
+    if bar is not None:
+        bar.write(msg, file=sys.stderr)
+    else:
+        print(msg, file=sys.stderr, flush=True)
+
+
+def _run_name(config) -> str:
+    if config.run_name:
+        return config.run_name
+    spec = config.advantage_estimator.replace(":", "_").replace(".", "_")
+    return f"{spec}_seed{config.seed}"
+
+
+def output_dir_of(config) -> Path:
+    return Path(config.output_dir) if config.output_dir else Path("outputs") / _run_name(config)
+
+
+def num_minibatches(config) -> int:
+    """Optimizer steps per rollout (the CLI fills ``num_steps_per_rollout``; derived here otherwise)."""
+    if config.num_steps_per_rollout:
+        return int(config.num_steps_per_rollout)
+    if config.global_batch_size:
+        total = config.rollout_batch_size * config.algorithm.n_samples_per_prompt
+        return max(1, total // config.global_batch_size)
+    return 1
+
+
+# -- checkpoints ----------------------------------------------------------------------------------
+
+
+def checkpoint_path(out: Path, step: int) -> Path:
+    return out / "checkpoints" / f"step_{step:06d}" / "state.pt"
+
+
+def resolve_checkpoint(path: str) -> Path:
+    """``--load``: a ``state.pt``, a ``step_*`` directory, or a run directory (its latest checkpoint)."""
+    p = Path(path)
+    if p.is_file():
+        return p
+    if (p / "state.pt").is_file():
+        return p / "state.pt"
+    steps = sorted((p / "checkpoints").glob("step_*/state.pt"))
+    if steps:
+        return steps[-1]
+    raise FileNotFoundError(
+        f"--load {path}: no checkpoint found (expected a state.pt, a checkpoints/step_* directory, or a run "
+        "directory containing checkpoints/); save one with --save-interval"
+    )
+
+
+# -- Ray plumbing ---------------------------------------------------------------------------------
+
+
+def _runtime_env(config) -> dict:
+    """Workers must import what the driver imports, including a user's ``my_pkg.my_mod:MyAlgo``
+    from the current directory: locally through PYTHONPATH, on a remote cluster by shipping the
+    working directory."""
+    cwd = os.getcwd()
+    env = {k: os.environ.get(k, v) for k, v in RAY_ENV_DEFAULTS.items()}
+    paths = [cwd] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    runtime_env = {"env_vars": env}
+    if config.ray_address:
+        runtime_env["working_dir"] = cwd
+        runtime_env["excludes"] = ["outputs/", ".git/", "*.pt", "__pycache__/", ".tox/", "*.egg-info/"]
+    return runtime_env
+
+
+def _start_ray(config) -> bool:
+    """Start a local Ray or join ``ray_address``; returns True when this call started/joined it."""
+    for k, v in RAY_ENV_DEFAULTS.items():
+        os.environ.setdefault(k, v)
+    import ray
+
+    if ray.is_initialized():
+        return False  # e.g. the test session's shared cluster: use it, leave it running
+    kwargs = dict(include_dashboard=False, log_to_driver=True, runtime_env=_runtime_env(config))
+    if config.ray_address:
+        ray.init(address=config.ray_address, **kwargs)
+    else:
+        # TransferQueue's controller and storage unit each ask for a whole CPU: more logical CPUs
+        # than cores (the note's workaround 1); the workers ask for a fraction each.
+        cpus = max(4, os.cpu_count() or 1, 2 + WORKER_CPUS * (config.actor_num_workers + 4))
+        ray.init(num_cpus=int(cpus + 0.999), object_store_memory=512 * 2**20, **kwargs)
+    return True
+
+
+def _get(refs, what: str, timeout: float | None = None):
+    """``ray.get`` that turns a dead worker into one clear error naming the role."""
+    import ray
+    from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+
+    try:
+        return ray.get(refs, timeout=timeout)
+    except RayActorError as exc:
+        raise WorkerDied(f"the {what} worker died: {exc}. See the worker log lines above.") from exc
+    except RayTaskError as exc:
+        cause = exc.as_instanceof_cause() if hasattr(exc, "as_instanceof_cause") else exc
+        raise WorkerDied(f"the {what} worker failed: {type(cause).__name__}: {cause}") from exc
+    except GetTimeoutError as exc:
+        raise WorkerDied(
+            f"the {what} worker did not answer within {timeout:.0f}s (not enough Ray CPUs for every worker, or "
+            "stuck); check `ray status`"
+        ) from exc
+
+
+def _free_address() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{s.getsockname()[1]}"
+
+
+class Runtime:
+    """The live roles of one run (Ray actors, the Serve app, the data plane) and their teardown."""
+
+    def __init__(self, config, algorithm_cls, layout: R.RoleLayout):
+        self.config, self.algorithm_cls, self.layout = config, algorithm_cls, layout
+        self.started_ray = False
+        self.serve_app = None
+        self.data_plane = None
+        self.rollout = None
+        self.actors: list = []
+        self.critic = None
+        self.adv_handle = None
+        self._serve_error = "unknown error"
+        self.startup_times: dict[str, float] = {}
+
+    def start(self) -> None:
+        import ray
+
+        from relax.runtime.actor_worker import ActorWorker, CriticWorker
+        from relax.runtime.data_plane import TransferQueueDataPlane
+        from relax.runtime.rollout_worker import RolloutWorker
+
+        cfg, spec = self.config, self.config.advantage_estimator
+        t0 = time.perf_counter()
+        self.started_ray = _start_ray(cfg)
+        self.startup_times["ray_init_s"] = time.perf_counter() - t0
+        opts = dict(num_cpus=WORKER_CPUS, max_restarts=0)
+        # Spawn every worker first: their processes start and import torch in parallel with the
+        # TransferQueue and Serve start-up below.
+        self.rollout = ray.remote(RolloutWorker).options(**opts).remote(cfg, spec)
+        w = cfg.actor_num_workers
+        with_ref = R.REFERENCE in self.layout
+        on_actor = self.layout.placement[R.ADVANTAGES] == R.ON_ACTOR
+        self.actors = [
+            ray.remote(ActorWorker).options(**opts).remote(
+                cfg, spec, r, w, with_reference=with_ref, advantages_on_actor=on_actor
+            )
+            for r in range(w)
+        ]
+        if R.CRITIC in self.layout:
+            self.critic = ray.remote(CriticWorker).options(**opts).remote(cfg)
+        serve_thread = None
+        if not on_actor:
+            serve_thread = threading.Thread(target=self._deploy_advantages, daemon=True)
+            serve_thread.start()
+        self.data_plane = TransferQueueDataPlane().start()
+        self.startup_times["transferqueue_s"] = time.perf_counter() - t0 - self.startup_times["ray_init_s"]
+        workers = [self.rollout, *self.actors] + ([self.critic] if self.critic else [])
+        _get([x.attach.remote() for x in workers], "start-up", timeout=STARTUP_TIMEOUT_S)
+        self.startup_times["workers_ready_s"] = time.perf_counter() - t0
+        if w > 1:
+            address = _get(self.actors[0].free_address.remote(), "actor")
+            _get([a.init_process_group.remote(address) for a in self.actors], "actor", timeout=STARTUP_TIMEOUT_S)
+        if serve_thread is not None:
+            serve_thread.join()
+            self.startup_times["serve_ready_s"] = self._serve_ready - t0
+            if self.adv_handle is None:
+                raise WorkerDied(f"the advantages deployment failed to start: {self._serve_error}")
+
+    def _deploy_advantages(self) -> None:
+        from ray import serve
+
+        from relax.runtime.advantages import APP_NAME, make_deployment
+
+        try:
+            serve.start(proxy_location="Disabled")
+            app = make_deployment().bind(self.config.advantage_estimator, self.config.algorithm)
+            self.adv_handle = serve.run(
+                app, name=APP_NAME, route_prefix=None, logging_config={"enable_access_log": False}
+            )
+            self.serve_app = APP_NAME
+            self._serve_ready = time.perf_counter()
+        except Exception as exc:  # reported by start() on the main thread
+            self._serve_error = f"{type(exc).__name__}: {exc}"
+
+    def stop(self) -> None:
+        import ray
+
+        with contextlib.suppress(Exception):
+            if self.serve_app is not None:
+                from ray import serve
+
+                serve.delete(self.serve_app)
+                if self.started_ray:
+                    serve.shutdown()
+        for handle in [self.rollout, *self.actors, self.critic]:
+            if handle is not None:
+                with contextlib.suppress(Exception):
+                    ray.kill(handle)
+        with contextlib.suppress(Exception):
+            if self.data_plane is not None:
+                self.data_plane.close()
+        if self.started_ray:
+            with contextlib.suppress(Exception):
+                ray.shutdown()
+
+
+# -- the loop -------------------------------------------------------------------------------------
+
+
+def _short(key: str) -> str:
+    return key[:4]
+
+
+def run(config) -> "RunSummary":
+    """Train with ``config`` (a ``RunConfig``); returns a ``RunSummary``."""
+    t_start = time.perf_counter()
+    torch.set_num_threads(1)
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # `relax train` is a console script: make the cwd importable
+    algorithm_cls = load_algorithm(config.advantage_estimator)
+    layout = R.derive_roles(algorithm_cls, config)
+    out = output_dir_of(config)
+    out.mkdir(parents=True, exist_ok=True)
+    keys = tuple(config.algorithm.reward_keys)
+
+    state, start_step = None, 0
+    if config.load:
+        ckpt = resolve_checkpoint(config.load)
+        state = torch.load(ckpt, map_location="cpu", weights_only=False)
+        start_step = int(state["step"])
+        old_metrics = ckpt.parents[2] / "metrics.jsonl"
+        new_metrics = out / "metrics.jsonl"
+        if old_metrics.exists() and old_metrics.resolve() != new_metrics.resolve():
+            new_metrics.write_text(old_metrics.read_text())
+    log = MetricsLog(out / "metrics.jsonl", resume_after_step=start_step if state else None)
+
+    _log(f"relax: {config.advantage_estimator} ({algorithm_cls.__module__}.{algorithm_cls.__qualname__}); "
+         f"roles: {layout.describe()}; output: {out}")
+    if not config.hf_checkpoint and state is None:
+        with contextlib.suppress(Exception):
+            from relax.rollout.tiny.warmup import warmup_base_rates
+
+            rates = warmup_base_rates()
+            _log("relax: warm-up base rates: " + ", ".join(f"{k} {v:.3f}" for k, v in rates.items()))
+
+    runtime = Runtime(config, algorithm_cls, layout)
+    last_ckpt = None
+    bar = None
+    steps_run = 0
+    try:
+        runtime.start()
+        if state is not None:
+            _restore(runtime, state)
+            _log(f"relax: resumed from step {start_step} ({config.load})")
+        t_ready = time.perf_counter()
+        _log(f"relax: start-up {t_ready - t_start:.1f}s (" + ", ".join(
+            f"{k} {v:.1f}" for k, v in runtime.startup_times.items()) + ")")
+        from tqdm import tqdm
+
+        bar = tqdm(
+            range(start_step, config.num_rollout), desc="train", unit="step", disable=not config.progress,
+            initial=start_step, total=config.num_rollout, file=sys.stderr, dynamic_ncols=True,
+        )
+        weights = None
+        for index in bar:
+            step = index + 1
+            row, weights = _one_step(runtime, step, weights, keys)
+            log.write(row)
+            steps_run += 1
+            bar.set_postfix({_short(k): f"{row.get(f'reward/{k}/mean', float('nan')):.2f}" for k in keys}, refresh=False)
+            if config.save_interval and (step % config.save_interval == 0 or step == config.num_rollout):
+                last_ckpt = _save(runtime, out, step)
+        bar.close()
+        t_end = time.perf_counter()
+        table, stats = summary_table(log.rows, keys)
+        _log("\n" + table)
+        _log(f"relax: {steps_run} steps in {t_end - t_ready:.1f}s ({(t_end - t_ready) / max(steps_run, 1):.3f}s/step), "
+             f"start-up {t_ready - t_start:.1f}s; metrics: {out / 'metrics.jsonl'}")
+        return RunSummary(
+            output_dir=str(out), steps_run=steps_run, last_step=start_step + steps_run, reward_first_last=stats,
+            startup_s=t_ready - t_start, train_s=t_end - t_ready, total_s=t_end - t_start,
+            metrics_path=str(out / "metrics.jsonl"), checkpoint=str(last_ckpt) if last_ckpt else None,
+        )
+    except KeyboardInterrupt:
+        _log("relax: interrupted; shutting down the workers", bar)
+        raise
+    finally:
+        if bar is not None:
+            bar.close()
+        runtime.stop()
+
+
+def _one_step(rt: Runtime, step: int, weights, keys) -> tuple[dict, object]:
+    """One synchronous step; returns the metrics row and the new-weights reference (or None)."""
+    cfg, layout = rt.config, rt.layout
+    t0 = time.perf_counter()
+    roll = _get(rt.rollout.step.remote(step, weights), "rollout")
+    t1 = time.perf_counter()
+    plan = plan_step(roll["kept_uids"], roll["group_tokens"], roll["group_size"], num_minibatches(cfg),
+                     len(rt.actors))
+    row = {"step": step, **roll["metrics"]}
+    times = {"time/rollout_s": t1 - t0}
+    new_weights = None
+    if plan.num_groups == 0:
+        row["train/skipped"] = 1  # every group was dropped: nothing to train on, weights unchanged
+    else:
+        with_values = rt.critic is not None
+        with_kl = R.REFERENCE in layout and cfg.algorithm.kl_in_reward
+        on_actor = layout.placement[R.ADVANTAGES] == R.ON_ACTOR
+        prep = []
+        if with_kl and not on_actor:
+            prep += [a.prepare.remote(step, plan) for a in rt.actors]
+        if with_values:
+            prep.append(rt.critic.values.remote(step, plan))
+        t2 = time.perf_counter()
+        if prep:
+            for part in _get(prep, "reference/critic"):
+                row.update(part)
+        t3 = time.perf_counter()
+        times["time/prepare_s"] = t3 - t2
+        if not on_actor:
+            try:
+                row.update(rt.adv_handle.compute.remote(step, plan.num_groups, plan.segment_sizes, with_values,
+                                                        with_kl).result())
+            except Exception as exc:
+                raise WorkerDied(f"the advantages deployment failed: {type(exc).__name__}: {exc}") from exc
+        t4 = time.perf_counter()
+        times["time/advantages_s"] = t4 - t3
+        outs = [a.train_step.options(num_returns=2).remote(step, plan, with_values) for a in rt.actors]
+        refs = [o[0] for o in outs] + ([rt.critic.train.remote(step, plan)] if with_values else [])
+        results = _get(refs, "actor/critic")
+        row.update(results[0])
+        if with_values:
+            row.update(results[-1])
+        new_weights = outs[0][1]
+        times["time/train_s"] = time.perf_counter() - t4
+    times["time/step_s"] = time.perf_counter() - t0
+    row.update(times)
+    return row, new_weights
+
+
+def _save(rt: Runtime, out: Path, step: int) -> Path:
+    refs = [rt.actors[0].state_dict.remote(), rt.rollout.state_dict.remote()]
+    if rt.critic is not None:
+        refs.append(rt.critic.state_dict.remote())
+    parts = _get(refs, "checkpoint")
+    state = {"step": step, "actor": parts[0], "rollout": parts[1], "critic": parts[2] if rt.critic else None,
+             "advantage_estimator": rt.config.advantage_estimator}
+    path = checkpoint_path(out, step)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)  # a crash mid-write never leaves a truncated checkpoint behind
+    return path
+
+
+def _restore(rt: Runtime, state: dict) -> None:
+    if state["advantage_estimator"] != rt.config.advantage_estimator:
+        raise ValueError(
+            f"--load: the checkpoint was trained with --advantage-estimator {state['advantage_estimator']!r}, "
+            f"this run uses {rt.config.advantage_estimator!r}"
+        )
+    if (state["critic"] is None) != (rt.critic is None):
+        raise ValueError("--load: the checkpoint and this run disagree on whether a critic exists")
+    refs = [a.load_state_dict.remote(state["actor"]) for a in rt.actors]
+    refs.append(rt.rollout.load_state_dict.remote(state["rollout"], state["actor"]["backend"]["model"]))
+    if rt.critic is not None:
+        refs.append(rt.critic.load_state_dict.remote(state["critic"]))
+    _get(refs, "checkpoint restore")

@@ -41,7 +41,7 @@ class GDPO(GRPO):
         """Steps 1 and 2 in float64: per-component group standardization, then the weighted sum."""
         r = N.reward_matrix(rewards, self.config.reward_keys)
         groups = N.Groups(N.check_group_ids(group_ids, r.shape[0]))
-        z = N.group_standardize(r, groups, N.GDPO_EPS, zero_constant_groups=True)
+        z = N.group_standardize(r, groups, N.GDPO_EPS)  # a constant column gives exact zeros
         combined = N.weighted_sum(z, self.config.reward_weights)
         where = N.first_non_finite(combined)
         if where is not None:

@@ -22,6 +22,7 @@ all ranks raise together; raising before a collective would leave the other rank
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import torch
@@ -49,6 +50,8 @@ _DENSE_ID_SLACK = 1024
 
 def first_non_finite(values: torch.Tensor, mask: torch.Tensor | None = None) -> tuple[int, ...] | None:
     """Index (as a tuple) of the first non-finite element of ``values`` where ``mask`` holds, or None."""
+    if not values.is_floating_point() or (values.numel() and bool(torch.isfinite(values.sum()))):
+        return None  # a finite total proves every element finite (nan/inf propagate); the common case
     bad = ~torch.isfinite(values)
     if mask is not None:
         bad = bad & mask
@@ -114,8 +117,9 @@ def check_group_ids(group_ids: torch.Tensor, n: int) -> torch.Tensor:
 class Groups:
     """Samples partitioned by ``group_ids``; reductions are vectorized scatters over the groups.
 
-    ``index[i]`` is the row of sample i's group in every per-group tensor; ``counts[g]`` its size
-    (rows with count 0 are unused slots when the ids are used directly as indices).
+    ``index[i]`` is the row of sample i's group in every per-group tensor; ``counts[g]`` its size.
+    Ids that are small non-negative ints are used as rows directly (O(N); rows with count 0 are
+    unused); any other ids are first compacted with ``torch.unique`` (a sort, O(N log N)).
     """
 
     def __init__(self, group_ids: torch.Tensor):
@@ -124,7 +128,7 @@ class Groups:
         if n == 0:
             self.index, self.num_groups = ids, 0
         else:
-            lo, hi = int(ids.min()), int(ids.max())
+            lo, hi = (int(v) for v in torch.aminmax(ids))
             if lo >= 0 and hi < _DENSE_ID_FACTOR * n + _DENSE_ID_SLACK:
                 self.index, self.num_groups = ids, hi + 1
             else:
@@ -135,44 +139,63 @@ class Groups:
     @property
     def sizes(self) -> torch.Tensor:
         """Per sample: the size of its group."""
-        return self.counts[self.index]
+        return self.broadcast(self.counts)
+
+    def broadcast(self, per_group: torch.Tensor) -> torch.Tensor:
+        """Per-group values ``[G(, K)]`` -> per sample ``[N(, K)]``."""
+        return per_group.index_select(0, self.index)
 
     def sum(self, x: torch.Tensor) -> torch.Tensor:
         """Per-group sums of ``x`` (``[N]`` or ``[N, K]``) -> ``[G]`` / ``[G, K]`` (dtype of x)."""
-        out = x.new_zeros((self.num_groups,) + tuple(x.shape[1:]))
-        return out.index_add_(0, self.index, x)
+        return x.new_zeros((self.num_groups,) + tuple(x.shape[1:])).index_add_(0, self.index, x)
 
     def _per_row(self, counts: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         return counts.to(x.dtype).reshape((-1,) + (1,) * (x.dim() - 1))
 
     def mean(self, x: torch.Tensor) -> torch.Tensor:
-        """Per-group means ``[G(, K)]``; empty slots give 0."""
+        """Per-group means ``[G(, K)]``; empty rows give 0."""
         return self.sum(x) / self._per_row(self.counts.clamp(min=1), x)
 
     def std(self, x: torch.Tensor, mean: torch.Tensor | None = None) -> torch.Tensor:
         """Per-group unbiased std, two-pass (mean first). A group of 1 has std 0 (Bessel term clamped)."""
         mean = self.mean(x) if mean is None else mean
-        dev = x - mean[self.index]
-        ss = self.sum(dev * dev)
-        return (ss / self._per_row((self.counts - 1).clamp(min=1), x)).sqrt()
+        return self.std_from_deviations(x - self.broadcast(mean))
+
+    def std_from_deviations(self, dev: torch.Tensor, scratch: torch.Tensor | None = None) -> torch.Tensor:
+        """Unbiased std from per-sample deviations ``x - mean`` (the second pass).
+
+        ``scratch`` (shape of ``dev``) receives the squared deviations instead of a new tensor.
+        """
+        sq = torch.mul(dev, dev, out=scratch) if scratch is not None else dev * dev
+        return (self.sum(sq) / self._per_row((self.counts - 1).clamp(min=1), dev)).sqrt_()
+
+    def first_member(self) -> torch.Tensor:
+        """Per group row: the position of its first sample (0 for unused rows)."""
+        positions = torch.arange(self.index.shape[0], device=self.index.device)
+        out = torch.zeros(self.num_groups, dtype=torch.int64, device=self.index.device)
+        return out.scatter_reduce_(0, self.index, positions, reduce="amin", include_self=False)
+
+    def _reduce(self, x: torch.Tensor, how: str) -> torch.Tensor:
+        out = x.new_zeros((self.num_groups,) + tuple(x.shape[1:]))
+        idx = self.index.reshape((-1,) + (1,) * (x.dim() - 1)).expand_as(x)
+        return out.scatter_reduce_(0, idx, x, reduce=how, include_self=False)
 
     def min(self, x: torch.Tensor) -> torch.Tensor:
-        out = x.new_zeros((self.num_groups,) + tuple(x.shape[1:]))
-        idx = self.index.reshape((-1,) + (1,) * (x.dim() - 1)).expand_as(x)
-        return out.scatter_reduce_(0, idx, x, reduce="amin", include_self=False)
+        return self._reduce(x, "amin")
 
     def max(self, x: torch.Tensor) -> torch.Tensor:
-        out = x.new_zeros((self.num_groups,) + tuple(x.shape[1:]))
-        idx = self.index.reshape((-1,) + (1,) * (x.dim() - 1)).expand_as(x)
-        return out.scatter_reduce_(0, idx, x, reduce="amax", include_self=False)
+        return self._reduce(x, "amax")
 
     def is_constant(self, x: torch.Tensor) -> torch.Tensor:
-        """Per sample (and column): is x exactly constant within the sample's group? (min == max)"""
-        return (self.min(x) == self.max(x))[self.index]
+        """Per sample (and column): is x exactly constant within the sample's group (min == max)?
 
-    def broadcast(self, per_group: torch.Tensor) -> torch.Tensor:
-        """Per-group values -> per sample."""
-        return per_group[self.index]
+        Computed as "every member equals one representative member": cheaper than two scatter
+        min/max reductions. Which member becomes the representative (duplicate indices in
+        ``index_copy_``) does not matter: the answer is the same for any choice.
+        """
+        rep = x.new_zeros((self.num_groups,) + tuple(x.shape[1:])).index_copy_(0, self.index, x)
+        differs = (x != self.broadcast(rep)).to(torch.int32)
+        return self.broadcast(torch.zeros_like(rep, dtype=torch.int32).index_add_(0, self.index, differs)) == 0
 
 
 def group_mean(values: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
@@ -198,21 +221,23 @@ def group_standardize(
     eps: float,
     *,
     divide_by_std: bool = True,
-    zero_constant_groups: bool = False,
 ) -> torch.Tensor:
-    """Per group ``(x - mean) / (std + eps)`` (or ``x - mean``), in the dtype of ``values``.
+    """Per group ``(x - mean) / (std + eps)`` (or ``x - mean``), unbiased two-pass std, dtype of ``values``.
 
-    ``values`` ``[N]`` or ``[N, K]`` (columns standardized independently). With
-    ``zero_constant_groups`` a column that is exactly constant within its group gives exact zeros
-    (min == max on the input values; no tolerance).
+    ``values`` ``[N]`` or ``[N, K]`` (columns standardized independently; use float64 for accuracy).
+    A column that is exactly constant within its group gives exact zeros: the statistics are taken
+    of ``x - x_first`` (x_first = the group's first member), which is exactly 0 for a constant column,
+    and the shift also spares the mean from cancellation when |x| is large compared to its spread.
+    Two [N(, K)] buffers are reused in place: on CPU, fresh multi-megabyte allocations cost more
+    (page faults) than the arithmetic.
     """
     g = group_ids if isinstance(group_ids, Groups) else Groups(group_ids)
-    mean = g.mean(values)
-    out = values - g.broadcast(mean)
+    scratch = g.broadcast(values.index_select(0, g.first_member()))
+    out = torch.sub(values, scratch)
+    out.sub_(torch.index_select(g.mean(out), 0, g.index, out=scratch))
     if divide_by_std:
-        out = out / (g.broadcast(g.std(values, mean)) + eps)
-    if zero_constant_groups:
-        out = torch.where(g.is_constant(values), torch.zeros_like(out), out)
+        std = g.std_from_deviations(out, scratch=scratch)
+        out.div_(torch.index_select(std.add_(eps), 0, g.index, out=scratch))
     return out
 
 
@@ -347,30 +372,64 @@ def whiten_segments(
             f"segment_sizes describes {len(sizes)} segment(s) on this rank, but ranks in the process group report "
             f"between {low} and {high}; every rank must split its shard into the same number of mini-batches"
         )
-    n_seg = len(sizes)
-    seg = torch.repeat_interleave(
-        torch.arange(n_seg, device=device), torch.tensor(sizes, dtype=torch.int64, device=device)
-    )
-    x = values.to(torch.float64)
-    f64 = dict(dtype=torch.float64, device=device)
-    first = torch.zeros(n_seg, 2, **f64)
-    first[:, 0].index_add_(0, seg, torch.ones_like(x))
-    first[:, 1].index_add_(0, seg, x)
+    segments = _Segments(sizes, device)
+    x = segments.shape(values.to(torch.float64))
+    count = torch.tensor(sizes, dtype=torch.float64, device=device)
+    first = torch.stack([count, segments.sum(x)], dim=1)
     _all_reduce(first, dist.ReduceOp.SUM, process_group)
-    count, mean = first[:, 0], first[:, 1] / first[:, 0].clamp(min=1)
-    dev = x - mean[seg]
-    ss = torch.zeros(n_seg, **f64).index_add_(0, seg, dev * dev)
+    count = first[:, 0]
+    dev = x - segments.spread(first[:, 1] / count.clamp(min=1))
+    ss = segments.sum(dev * dev)
     _all_reduce(ss, dist.ReduceOp.SUM, process_group)
-    std = (ss / (count - 1).clamp(min=1)).sqrt()
-    # Exact collapse test: global min == max; an empty shard contributes -inf (identity of MAX).
-    ext = torch.full((n_seg, 2), float("-inf"), **f64)
-    ext[:, 0].scatter_reduce_(0, seg, -x, reduce="amax")
-    ext[:, 1].scatter_reduce_(0, seg, x, reduce="amax")
+    std = (ss / (count - 1).clamp(min=1)).sqrt_()
+    # Exact collapse test (global min == max) without two scatter reductions: a segment is collapsed
+    # iff on every rank all its values equal that rank's first value, and those first values agree
+    # across ranks. One MAX all-reduce of [-first, first, any_differs]; empty shards give -inf.
+    nonempty = torch.tensor([s > 0 for s in sizes], dtype=torch.bool, device=device)
+    starts = torch.tensor((0,) + tuple(itertools.accumulate(sizes))[:-1], dtype=torch.int64, device=device)
+    flat = x.reshape(-1)
+    rep = flat.index_select(0, starts.clamp(max=n - 1)) if n else torch.zeros(len(sizes), **_f64(device))
+    differs = segments.sum((x != segments.spread(rep)).to(torch.float64)) > 0
+    minus_inf = torch.full_like(rep, float("-inf"))
+    ext = torch.stack([torch.where(nonempty, -rep, minus_inf), torch.where(nonempty, rep, minus_inf),
+                       differs.to(torch.float64)], dim=1)
     _all_reduce(ext, dist.ReduceOp.MAX, process_group)
-    collapsed = (-ext[:, 0] == ext[:, 1]) | (count == 0)
-    out = dev / (std[seg] + eps)
-    out = torch.where(collapsed[seg], torch.zeros_like(out), out)
-    return out.to(values.dtype if values.is_floating_point() else torch.float32)
+    collapsed = (count == 0) | ((ext[:, 2] == 0) & (-ext[:, 0] == ext[:, 1]))
+    out = dev.div_(segments.spread(std.add_(eps))).masked_fill_(segments.spread(collapsed), 0.0)
+    return out.reshape(-1).to(values.dtype if values.is_floating_point() else torch.float32)
+
+
+def _f64(device) -> dict:
+    return {"dtype": torch.float64, "device": device}
+
+
+class _Segments:
+    """Consecutive segments of given sizes: per-segment sums and per-sample spreading.
+
+    Equal, non-zero sizes (the usual case: equal mini-batches) work on an ``[S, L]`` view with
+    broadcasting (no per-sample copies of the statistics); other sizes use index_add / index_select
+    on the flat ``[N]`` values. ``shape`` puts values into the layout the other methods expect.
+    """
+
+    def __init__(self, sizes: tuple[int, ...], device):
+        self.n_seg = len(sizes)
+        self.equal = len(set(sizes)) == 1 and sizes[0] > 0
+        self.length = sizes[0]
+        if not self.equal:
+            self.index = torch.repeat_interleave(
+                torch.arange(self.n_seg, device=device), torch.tensor(sizes, dtype=torch.int64, device=device)
+            )
+
+    def shape(self, v: torch.Tensor) -> torch.Tensor:
+        return v.view(self.n_seg, self.length) if self.equal else v
+
+    def sum(self, v: torch.Tensor) -> torch.Tensor:
+        if self.equal:
+            return v.sum(dim=1)
+        return v.new_zeros(self.n_seg).index_add_(0, self.index, v)
+
+    def spread(self, per_segment: torch.Tensor) -> torch.Tensor:
+        return per_segment[:, None] if self.equal else per_segment.index_select(0, self.index)
 
 
 def masked_whiten(

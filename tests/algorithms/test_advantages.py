@@ -95,6 +95,18 @@ def test_gdpo_without_segments_is_one_segment_and_differs_from_segmented():
     assert whole[1, 0] > 0 > segmented[1, 0]
 
 
+def test_gdpo_all_equal_segment_is_exactly_zero_even_if_the_mean_rounds():
+    # float64 0.1 three times: the float64 mean is 0.10000000000000002, (x - mean) is not 0; the spec
+    # says an all-equal segment gives exact zeros
+    x = torch.tensor([0.1, 0.1, 0.1, 1.0, 2.0], dtype=torch.float64)
+    algo = make("gdpo", reward_keys=("a", "b"))
+    adv, _ = algo.compute_advantages(
+        AdvantageInputs(rewards=x, response_mask=torch.ones(5, 1, dtype=torch.bool), segment_sizes=(3, 2))
+    )
+    assert adv[:3].eq(0).all()
+    assert adv[3, 0].item() == pytest.approx(-0.5 / (math.sqrt(0.5) + 1e-4), abs=1e-6)
+
+
 def test_gdpo_rejects_non_finite_input():
     with pytest.raises(ValueError, match="non-finite"):
         make("gdpo", reward_keys=("a", "b")).compute_advantages(_inputs([1.0, float("inf")], torch.ones(2, 1, dtype=torch.bool)))

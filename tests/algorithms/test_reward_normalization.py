@@ -132,13 +132,15 @@ def test_gdpo_per_component_then_weighted_sum():
     assert out[8].item() == 0.0
 
 
-def test_gdpo_constant_components_give_exact_zero():
-    # 0.1 and 308.95172119140625 repeated 8 times: the float32 mean is not the value itself, so a
-    # plain (r - mean) / (std + eps) would leave a tiny non-zero residue; the spec says exactly 0.
-    n = 8
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("n", [3, 7, 8])
+def test_gdpo_constant_components_give_exact_zero(n, dtype):
+    # 0.1 and 308.95172119140625 repeated n times: a float mean of the copies need not be the value
+    # itself (in float64, sum([0.1] * 3) / 3 = 0.10000000000000002), so a plain
+    # (r - mean) / (std + eps) can leave a residue; the spec says a constant component gives exactly 0.
     rewards = torch.stack(
-        [torch.full((n,), 0.1), torch.full((n,), 308.95172119140625)], dim=1
-    ).float()
+        [torch.full((n,), 0.1, dtype=dtype), torch.full((n,), 308.95172119140625, dtype=dtype)], dim=1
+    )
     ids = torch.tensor([3] * n)
     out = make("gdpo", reward_keys=("a", "b"), n_samples_per_prompt=n).normalize_rewards(rewards, ids)
     assert torch.equal(out, torch.zeros(n))

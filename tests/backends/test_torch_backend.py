@@ -194,7 +194,7 @@ def test_load_state_dict_names_missing_keys():
 # -- data parallelism over gloo ---------------------------------------------------------------------
 
 
-def _dp_worker(rank: int, world: int, port: int, reduction: str, out_dir: str) -> None:
+def _dp_worker(rank: int, world: int, port: int, out_dir: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -203,15 +203,18 @@ def _dp_worker(rank: int, world: int, port: int, reduction: str, out_dir: str) -
         adv = advantages_for(batch)
         rows = slice(rank * 4, (rank + 1) * 4)
         shard = batch.select(rows)
-        if reduction == "sum":  # the contract: normalize by the global token count
-            norm = float(batch.response_mask.sum())
-        else:  # each rank's loss is a mean over its own shard; the ranks' gradients are averaged
-            norm = float(shard.response_mask.sum())
-        model = make_model()
-        backend = TorchBackend(model, lr=0.0, clip_grad=None, process_group=dist.group.WORLD, dp_grad_reduction=reduction)
-        metrics = backend.train_step(shard, weighted_loss(shard, adv[rows], norm), micro_batch_size=3)
-        grads = {n: p.grad.clone() for n, p in model.named_parameters()}
-        torch.save((grads, metrics["grad_norm"]), os.path.join(out_dir, f"{reduction}_{rank}.pt"))
+        for reduction in ("sum", "mean"):
+            if reduction == "sum":  # the contract: normalize by the global token count
+                norm = float(batch.response_mask.sum())
+            else:  # each rank's loss is a mean over its own shard; the ranks' gradients are averaged
+                norm = float(shard.response_mask.sum())
+            model = make_model()
+            backend = TorchBackend(
+                model, lr=0.0, clip_grad=None, process_group=dist.group.WORLD, dp_grad_reduction=reduction
+            )
+            metrics = backend.train_step(shard, weighted_loss(shard, adv[rows], norm), micro_batch_size=3)
+            grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+            torch.save((grads, metrics["grad_norm"]), os.path.join(out_dir, f"{reduction}_{rank}.pt"))
     finally:
         dist.destroy_process_group()
 
@@ -224,19 +227,17 @@ def _free_port() -> int:
 
 @pytest.mark.timeout(120)
 def test_two_process_gloo_dp_equals_full_batch(tmp_path):
-    ctx = mp.get_context("spawn")
-    results = {}
-    for reduction in ("sum", "mean"):
-        port = _free_port()
-        procs = [ctx.Process(target=_dp_worker, args=(r, 2, port, reduction, str(tmp_path))) for r in range(2)]
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join(timeout=90)
-            if p.exitcode is None:
-                p.kill()
-            assert p.exitcode == 0, f"DP worker exited with {p.exitcode}"
-        results[reduction] = {r: torch.load(tmp_path / f"{reduction}_{r}.pt") for r in range(2)}
+    ctx = mp.get_context("spawn")  # fork is unsafe once torch's thread pools exist
+    port = _free_port()
+    procs = [ctx.Process(target=_dp_worker, args=(r, 2, port, str(tmp_path))) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=100)
+        if p.exitcode is None:
+            p.kill()
+        assert p.exitcode == 0, f"DP worker exited with {p.exitcode}"
+    results = {red: {r: torch.load(tmp_path / f"{red}_{r}.pt") for r in range(2)} for red in ("sum", "mean")}
 
     full, m_full = grads_after_step(None)  # one process, whole batch, global normalization
     for name in full:

@@ -12,8 +12,12 @@ import torch.distributed as dist
 
 def vocab_parallel_log_probs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """``log softmax(logits)[targets]`` for logits ``[..., V/tp]`` sharded over the tp group."""
+    from megatron.core import parallel_state
     from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
 
+    if parallel_state.get_tensor_model_parallel_world_size() == 1:
+        # The whole vocabulary is local: skip the three (no-op) all-reduces and the defensive copy.
+        return torch.log_softmax(logits.float(), dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     # vocab_parallel_cross_entropy subtracts the max from its input *in place*: never hand it
     # logits that are used again (entropy, or a reference comparison).
     return -vocab_parallel_cross_entropy(logits.clone(), targets)

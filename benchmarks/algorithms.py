@@ -123,7 +123,8 @@ def main() -> None:
     def gdpo_whiten(values):
         mask = torch.ones(values.shape[0], 1, dtype=torch.bool)
         sizes = (SEGMENT,) * (values.shape[0] // SEGMENT)
-        return gdpo.compute_advantages(AdvantageInputs(rewards=values, response_mask=mask, segment_sizes=sizes))[0][:, 0]
+        inputs = AdvantageInputs(rewards=values, response_mask=mask, segment_sizes=sizes)
+        return gdpo.compute_advantages(inputs)[0][:, 0]
 
     print(f"torch {torch.__version__}, threads={torch.get_num_threads()}, K={K}, group={GROUP}, "
           f"whitening segment={SEGMENT}; times are best-of-R milliseconds")

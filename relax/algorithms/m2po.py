@@ -78,4 +78,5 @@ class M2PO(GRPO):
         scalar = {
             "m2_before": m2_before, "m2_after": m2_after, "eps_low": eps_low, "eps_high": eps_high,
         }
-        return loss, flags, {k: torch.tensor(v, dtype=torch.float32, device=log_probs.device) for k, v in scalar.items()}
+        device = log_probs.device
+        return loss, flags, {k: torch.tensor(v, dtype=torch.float32, device=device) for k, v in scalar.items()}

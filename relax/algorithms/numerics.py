@@ -103,7 +103,9 @@ def check_group_ids(group_ids: torch.Tensor, n: int) -> torch.Tensor:
     if not isinstance(group_ids, torch.Tensor):
         raise TypeError(f"group_ids must be a torch.Tensor, got {type(group_ids).__name__}")
     if group_ids.dim() != 1 or group_ids.shape[0] != n:
-        raise ValueError(f"group_ids must be a 1-D tensor of {n} ids (one per sample), got shape {tuple(group_ids.shape)}")
+        raise ValueError(
+            f"group_ids must be a 1-D tensor of {n} ids (one per sample), got shape {tuple(group_ids.shape)}"
+        )
     if group_ids.is_floating_point() or group_ids.is_complex() or group_ids.dtype == torch.bool:
         raise TypeError(f"group_ids must be an integer tensor, got dtype {group_ids.dtype}")
     return group_ids.to(torch.int64)
@@ -279,7 +281,9 @@ def raise_on_all_ranks(local_message: str | None, process_group, what: str, devi
     flag = torch.tensor([1.0 if local_message else 0.0], dtype=torch.float64, device=device)
     _all_reduce(flag, dist.ReduceOp.MAX, process_group)
     if float(flag[0]) > 0:
-        raise ValueError(local_message or f"another rank in the process group reported {what}; see its error message")
+        raise ValueError(
+            local_message or f"another rank in the process group reported {what}; see its error message"
+        )
 
 
 def _non_finite_message(values, mask, what: str) -> str | None:
@@ -632,7 +636,10 @@ def aggregate(
         per_seq = seq_sum
     else:
         raise ValueError(f"unknown loss_aggregation {mode!r}; choose one of {', '.join(LOSS_AGGREGATIONS)}")
-    denom = global_num_sequences if global_num_sequences is not None else (tokens_per_seq > 0).sum().clamp(min=1)
+    if global_num_sequences is not None:
+        denom = global_num_sequences
+    else:
+        denom = (tokens_per_seq > 0).sum().clamp(min=1)
     return per_seq.sum() / denom
 
 

@@ -42,7 +42,8 @@ def test_grpo_weighted_components_and_signal():
     gid2 = torch.tensor([0, 1, 0, 1])
     assert algo.group_has_signal(r, gid2).tolist() == [True, True, True, True]
     with pytest.raises(ValueError, match=r"reward 'b' of sample 2"):
-        algo.normalize_rewards(torch.tensor([[1.0, 0.0], [0.0, 0.5], [1.0, float("nan")]]), torch.zeros(3, dtype=torch.long))
+        bad = torch.tensor([[1.0, 0.0], [0.0, 0.5], [1.0, float("nan")]])
+        algo.normalize_rewards(bad, torch.zeros(3, dtype=torch.long))
 
 
 def test_rloo_and_baseline():
@@ -77,7 +78,8 @@ def test_gdpo_whitening_segments_and_broadcast():
     algo = get_algorithm("gdpo")(AlgorithmConfig(reward_keys=("c", "f")))
     mask = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1], [0, 0, 0], [1, 0, 0]], dtype=torch.bool)
     rewards = torch.tensor([1.0, 3.0, 5.0, 5.0, -2.0])
-    adv, ret = algo.compute_advantages(AdvantageInputs(rewards=rewards, response_mask=mask, segment_sizes=(2, 2, 1)))
+    inputs = AdvantageInputs(rewards=rewards, response_mask=mask, segment_sizes=(2, 2, 1))
+    adv, ret = algo.compute_advantages(inputs)
     a = 1 / (math.sqrt(2) + 1e-4)
     expected = torch.tensor([[-a, -a, 0], [a, 0, 0], [0, 0, 0], [0, 0, 0], [0, 0, 0]])
     torch.testing.assert_close(adv, expected, rtol=0, atol=1e-6)
@@ -90,7 +92,8 @@ def test_ppo_gae_terminal_reward_on_last_valid_token():
     mask = torch.tensor([[True, True, False]])
     values = torch.tensor([[0.5, 0.25, 9.0]])
     algo = get_algorithm("ppo")(AlgorithmConfig(gamma=0.5, lam=0.5))
-    adv, ret = algo.compute_advantages(AdvantageInputs(rewards=torch.tensor([1.0]), response_mask=mask, values=values))
+    inputs = AdvantageInputs(rewards=torch.tensor([1.0]), response_mask=mask, values=values)
+    adv, ret = algo.compute_advantages(inputs)
     # t=1: delta = 1 + 0 - 0.25 = 0.75; t=0: delta = 0 + 0.5*0.25 - 0.5 = -0.375, A0 = -0.375 + 0.25*0.75
     torch.testing.assert_close(adv, torch.tensor([[-0.1875, 0.75, 0.0]]))
     torch.testing.assert_close(ret, torch.tensor([[0.3125, 1.0, 0.0]]))
@@ -102,7 +105,9 @@ def test_reinforce_pp_returns_and_normalization():
     mask = torch.tensor([[True, True, True], [True, False, False]])
     kl = torch.tensor([[0.1, 0.2, 0.3], [0.4, float("nan"), 7.0]])
     algo = get_algorithm("reinforce_plus_plus")(AlgorithmConfig(kl_coef=0.5, gamma=1.0))
-    adv, ret = algo.compute_advantages(AdvantageInputs(rewards=torch.tensor([1.0, 2.0]), response_mask=mask, kl=kl))
+    adv, ret = algo.compute_advantages(
+        AdvantageInputs(rewards=torch.tensor([1.0, 2.0]), response_mask=mask, kl=kl)
+    )
     g = torch.tensor([[1 - 0.3, 1 - 0.25, 1 - 0.15], [2 - 0.2, 0, 0]], dtype=torch.float64)
     torch.testing.assert_close(ret, g.float())
     valid = g[mask]
@@ -165,7 +170,7 @@ def _worker(rank, port, results):
         got = N.whiten_segments(vals, sizes, dist.group.WORLD)
         mask = torch.ones(vals.shape[0], 2, dtype=torch.bool)
         tok = N.token_global_normalize(vals[:, None].expand(-1, 2).contiguous(), mask, dist.group.WORLD)
-        empty = N.whiten_segments(torch.zeros(0) if rank == 1 else vals, None if rank == 1 else None, dist.group.WORLD)
+        empty = N.whiten_segments(torch.zeros(0) if rank == 1 else vals, None, dist.group.WORLD)
         try:
             N.whiten_segments(vals, (1,) * vals.shape[0] if rank == 0 else None, dist.group.WORLD)
             mismatch = "no error"

@@ -238,6 +238,31 @@ def test_ppo_gae_matches_python_loop():
     assert adv[~mask].eq(0).all() and ret[~mask].eq(0).all()
 
 
+@pytest.mark.parametrize("name", ["grpo", "rloo", "gdpo"])
+def test_non_finite_reward_is_an_error(name):
+    algo = make(name, reward_keys=("a", "b")) if name == "gdpo" else make(name)
+    with pytest.raises(ValueError, match="non-finite"):
+        algo.compute_advantages(_inputs([0.5, NAN, 2.0]))
+
+
+def test_ppo_non_finite_critic_value_on_a_valid_token_is_an_error():
+    values = torch.tensor([[0.5, NAN, 0, 0], [0.0] * 4, [0.0] * 4])
+    with pytest.raises(ValueError, match="non-finite"):
+        make("ppo").compute_advantages(_inputs([1.0, 0.0, 1.0], values=values))
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "BUG relax/algorithms/ppo.py: PPO.compute_advantages checks rewards and values but not kl; a NaN KL on a "
+    "valid token gives NaN advantages and returns for the whole prefix of that row, silently"))
+def test_ppo_non_finite_kl_on_a_valid_token_is_an_error():
+    # a NaN KL on a VALID token must not flow silently into the advantages (REINFORCE++ raises here)
+    kl = torch.zeros(3, 4)
+    kl[1, 2] = NAN
+    algo = make("ppo", kl_coef=0.1)
+    with pytest.raises(ValueError, match="non-finite"):
+        algo.compute_advantages(_inputs([1.0, 0.0, 1.0], values=torch.zeros(3, 4), kl=kl))
+
+
 def test_ppo_needs_values():
     with pytest.raises(ValueError, match="values"):
         make("ppo").compute_advantages(_inputs([1.0, 0.0, 1.0]))

@@ -72,6 +72,22 @@ def test_grpo_combines_components_with_weights_before_normalizing():
     assert not torch.allclose(equal_weights, _grpo_expected(), atol=1e-3)
 
 
+def test_group_ids_may_be_negative_or_huge():
+    # ids that cannot index a dense table take a different code path; the result must not change
+    ids = torch.tensor([-7, 10**12, -7, 2**40 + 3, 10**12, -7, 2**40 + 3, 10**12, 2**40 + 3])
+    remapped = {-7: 5, 10**12: 2, 2**40 + 3: 9}
+    assert [remapped[int(i)] for i in ids] == GROUP_IDS.tolist()
+    for name in ("grpo", "rloo", "reinforce_plus_plus_baseline"):
+        algo = make(name, normalize_advantages=name.startswith("reinforce"))
+        assert torch.equal(algo.normalize_rewards(REWARDS, ids), algo.normalize_rewards(REWARDS, GROUP_IDS)), name
+
+
+def test_grpo_large_offset_does_not_cancel():
+    # 1e6 + {1, 2, 3} are exact in float32: the z-scores must be those of {1, 2, 3}
+    out = make("grpo").normalize_rewards(torch.tensor([1e6 + 1, 1e6 + 2, 1e6 + 3]), torch.tensor([0, 0, 0]))
+    torch.testing.assert_close(out, torch.tensor([-1 / (1 + 1e-6), 0.0, 1 / (1 + 1e-6)]), rtol=0, atol=1e-7)
+
+
 def test_grpo_singleton_groups_give_zeros_not_nan():
     out = make("grpo", n_samples_per_prompt=1).normalize_rewards(torch.tensor([3.0, -1.0]), torch.tensor([7, 8]))
     assert out.tolist() == [0.0, 0.0]

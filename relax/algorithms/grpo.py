@@ -110,12 +110,12 @@ class GRPO(RLAlgorithm):
             metrics["entropy"] = mean_entropy.detach()
             if c.entropy_coef != 0.0:
                 loss = loss - c.entropy_coef * mean_entropy
-        if c.use_kl_loss:
-            if ref is None:
-                raise ValueError(
-                    "use_kl_loss is on but PolicyLossInputs.ref_log_probs is None; run the reference model "
-                    "(--ref-load) so reference log-probs are computed, or remove --use-kl-loss"
-                )
+        if c.kl_in_loss and ref is None:
+            raise ValueError(
+                f"use_kl_loss with kl_loss_coef={c.kl_loss_coef} needs PolicyLossInputs.ref_log_probs, which is "
+                "None; run the reference model (--ref-load) or remove --use-kl-loss"
+            )
+        if c.use_kl_loss and ref is not None:  # with kl_loss_coef 0 the term is only reported
             kl_loss = agg(N.kl_estimate(logp, ref.detach(), c.kl_loss_type))
             metrics["kl_loss"] = kl_loss.detach()
             loss = loss + c.kl_loss_coef * kl_loss

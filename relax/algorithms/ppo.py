@@ -41,6 +41,8 @@ class PPO(GRPO):
         mask = inputs.response_mask
         N.check_finite(inputs.rewards, None, process_group, what="PPO advantages (rewards)")
         N.check_finite(inputs.values, mask, process_group, what="PPO advantages (critic values)")
+        if self.config.kl_coef != 0.0 and inputs.kl is not None:
+            N.check_finite(inputs.kl, mask, process_group, what="PPO advantages (reward-side KL)")
         rewards = N.token_rewards(inputs.rewards, mask, inputs.kl, self.config.kl_coef)
         advantages, returns = N.gae(rewards, inputs.values, mask, self.config.gamma, self.config.lam)
         if self.config.normalize_advantages:

@@ -5,6 +5,7 @@ import torch
 
 from relax.rollout.base import SamplingParams
 from relax.rollout.hf import HFEngine, HFTokenizer, load_hf_model, load_hf_tokenizer, top_p_filter
+from relax.rollout.hf.engine import sample_categorical
 
 PROMPTS = ["what is 3 + 4 ?", "hello", "add the numbers 1 and 2 please", "yes"]
 
@@ -116,6 +117,22 @@ def test_greedy_matches_argmax_of_a_plain_forward(checkpoints):
     greedy = logits[:, b.prompt_width - 1 : -1].argmax(-1)
     assert torch.equal(b.response_ids[b.response_mask], greedy[b.response_mask])
     assert (gen.log_probs == 0).all()  # a point mass
+
+
+def test_sample_categorical_draws_the_given_distribution():
+    probs = torch.tensor([0.5, 0.0, 0.3, 0.15, 0.05, 0.0])
+    n = 40_000
+    log_probs = torch.log(probs).expand(n, -1)
+    draws = sample_categorical(log_probs, torch.Generator().manual_seed(0))
+    counts = torch.bincount(draws, minlength=6).double()
+    assert counts[1] == 0 and counts[5] == 0  # zero-probability tokens (e.g. outside top-p) never drawn
+    expected = probs.double() * n
+    sigma = (n * probs.double() * (1 - probs.double())).sqrt()
+    nonzero = probs > 0
+    assert ((counts[nonzero] - expected[nonzero]).abs() < 4 * sigma[nonzero]).all(), counts
+    # seeded -> reproducible
+    again = sample_categorical(log_probs, torch.Generator().manual_seed(0))
+    assert torch.equal(draws, again)
 
 
 def test_top_p_filter_hand_computed():

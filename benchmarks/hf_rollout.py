@@ -1,0 +1,136 @@
+"""Rollout throughput of ``HFEngine`` against ``model.generate`` on the same model and batch.
+
+    python benchmarks/hf_rollout.py                      # random Qwen3-style model built on the fly
+    python benchmarks/hf_rollout.py --checkpoint DIR     # any local HF checkpoint (GPU if available)
+
+Both sample at temperature 1 / top-p 1 from the same prompts and stop on EOS; throughput counts
+generated (unmasked) tokens per second, best of ``--repeats`` interleaved runs. ``model.generate`` is
+timed twice: plain (no scores) and with ``output_scores=True`` -- what it needs to return the
+sampling log-probs that ``HFEngine`` always returns. The ratio ``HFEngine / generate`` is the number
+to watch (target >= 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from relax.rollout.base import SamplingParams
+from relax.rollout.hf import HFEngine, load_hf_model, load_hf_tokenizer
+
+
+def build_random_checkpoint(directory: Path, hidden: int, layers: int, vocab: int) -> Path:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "hf"))
+    from tiny_checkpoints import build_tokenizer
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    tok = build_tokenizer(directory)
+    config = Qwen3Config(
+        vocab_size=max(vocab, len(tok)), hidden_size=hidden, intermediate_size=3 * hidden, num_hidden_layers=layers,
+        num_attention_heads=max(hidden // 64, 2), num_key_value_heads=max(hidden // 128, 1), head_dim=64,
+        max_position_embeddings=1024, bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=True,
+    )
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(str(directory))
+    return directory
+
+
+def time_engine(engine, prompts, params, seed) -> tuple[float, int]:
+    gen = torch.Generator(device=engine.device).manual_seed(seed)
+    _sync(engine.device)
+    t0 = time.perf_counter()
+    out = engine.generate(prompts, params, gen)
+    _sync(engine.device)
+    return time.perf_counter() - t0, int(out.batch.response_mask.sum())
+
+
+def time_generate(model, tok, prompts, params, seed, *, with_scores: bool) -> tuple[float, int]:
+    from relax.rollout.hf.engine import left_pad
+
+    device = next(model.parameters()).device
+    ids, mask = left_pad(prompts, tok.pad_id)
+    ids, mask = ids.to(device), mask.to(device).long()
+    torch.manual_seed(seed)
+    _sync(device)
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        out = model.generate(
+            input_ids=ids, attention_mask=mask, do_sample=True, temperature=params.temperature, top_p=params.top_p,
+            top_k=0, max_new_tokens=params.max_new_tokens, eos_token_id=list(tok.stop_ids), pad_token_id=tok.pad_id,
+            output_scores=with_scores, return_dict_in_generate=with_scores,
+        )
+    _sync(device)
+    elapsed = time.perf_counter() - t0
+    seqs = out.sequences if with_scores else out
+    new = seqs[:, ids.shape[1]:]
+    # Real tokens: up to and including the first stop token of each row.
+    is_stop = torch.isin(new, torch.tensor(tok.stop_ids, device=new.device))
+    after_stop = (is_stop.long().cumsum(1) - is_stop.long()) > 0
+    return elapsed, int((~after_stop).sum())
+
+
+def _sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--checkpoint", help="local HF checkpoint (default: a random Qwen3-style model)")
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--vocab", type=int, default=4096)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--prompt-len", type=int, default=16)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--dtype", default="float32")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(args.checkpoint) if args.checkpoint else build_random_checkpoint(
+            Path(tmp), args.hidden, args.layers, args.vocab)
+        model = load_hf_model(path, dtype=args.dtype, device=device)
+        tok = load_hf_tokenizer(path)
+    engine = HFEngine(model, tok, device=device)
+    g = torch.Generator().manual_seed(0)
+    vocab = min(model.config.vocab_size, tok.vocab_size)
+    lengths = torch.randint(args.prompt_len // 2, args.prompt_len + 1, (args.batch,), generator=g)
+    prompts = [[tok.bos_id or 1] + torch.randint(5, vocab, (int(n) - 1,), generator=g).tolist() for n in lengths]
+    params = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=args.max_new_tokens)
+
+    time_engine(engine, prompts, params, 0)  # warm-up (allocator, kernels)
+    time_generate(model, tok, prompts, params, 0, with_scores=False)
+    best = {"hf_engine": 0.0, "generate": 0.0, "generate_with_scores": 0.0}
+    for r in range(args.repeats):  # interleaved, so machine load hits all three alike
+        for name, fn in (
+            ("hf_engine", lambda: time_engine(engine, prompts, params, r)),
+            ("generate", lambda: time_generate(model, tok, prompts, params, r, with_scores=False)),
+            ("generate_with_scores", lambda: time_generate(model, tok, prompts, params, r, with_scores=True)),
+        ):
+            seconds, tokens = fn()
+            best[name] = max(best[name], tokens / seconds)
+    result = {
+        "device": device,
+        "model": str(args.checkpoint or f"random qwen3 h{args.hidden} L{args.layers} V{args.vocab}"),
+        "params": sum(p.numel() for p in model.parameters()),
+        "batch": args.batch,
+        "max_new_tokens": args.max_new_tokens,
+        "tokens_per_s": {k: round(v, 1) for k, v in best.items()},
+        "ratio_vs_generate": round(best["hf_engine"] / best["generate"], 3),
+        "ratio_vs_generate_with_scores": round(best["hf_engine"] / best["generate_with_scores"], 3),
+    }
+    print(json.dumps(result, indent=2))
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -8,6 +8,7 @@ to ``relax.runtime.train.run``.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import yaml
@@ -93,8 +94,18 @@ def run_train(config: RunConfig):
     return run(config)
 
 
+def _make_cwd_importable() -> None:
+    """``relax`` is a console script, so Python does not put the working directory on ``sys.path``;
+    user code named by ``--advantage-estimator pkg.mod:Class`` or ``--custom-rm-path`` lives there.
+    (The runtime passes the same directory on to every Ray worker.)"""
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    _make_cwd_importable()
     parser, subparsers = build_parser()
     if argv[:1] == ["train"]:
         config, args = prepare_train_config(argv, parser, subparsers["train"])

@@ -17,7 +17,7 @@ import torch.distributed as dist
 from relax.algorithms import AdvantageInputs, PolicyLossInputs, load_algorithm
 from relax.algorithms import numerics as N
 from relax.backends.base import TokenBatch
-from relax.backends.torch_backend import TorchBackend
+from relax.backends.torch_backend import TorchBackend, response_log_probs
 from relax.runtime import components
 from relax.runtime.schedule import StepPlan
 
@@ -90,12 +90,20 @@ class ActorCore:
             mb = self.config.micro_batch_size
             cache["old_log_probs"] = self.backend.compute_log_probs(batch, micro_batch_size=mb).log_probs
             if self.reference is not None:
-                ref_backend = TorchBackend(
-                    self.reference, temperature=self.config.rollout_temperature,
-                    forward_logits=components.forward_logits_fn(self.config),
-                )
-                cache["ref_log_probs"] = ref_backend.compute_log_probs(batch, micro_batch_size=mb).log_probs
+                cache["ref_log_probs"] = self._reference_log_probs(batch)
         return cache
+
+    @torch.no_grad()
+    def _reference_log_probs(self, batch: TokenBatch) -> torch.Tensor:
+        forward = components.forward_logits_fn(self.config)
+        size = self.config.micro_batch_size or len(batch)
+        parts = []
+        for start in range(0, len(batch), size):
+            sub = batch.select(slice(start, start + size))
+            logits = forward(self.reference, sub.input_ids, sub.attention_mask, sub.position_ids)
+            parts.append(response_log_probs(logits, sub, with_entropy=False,
+                                            temperature=self.config.rollout_temperature).log_probs)
+        return torch.cat(parts)
 
     def prepare(self, step: int, plan: StepPlan) -> dict:
         """Old/reference log-probs of this rank's shard; writes the reward-side ``kl`` field."""

@@ -105,11 +105,19 @@ class TransferQueueDataPlane:
 
     # -- life cycle --
     def start(self) -> "TransferQueueDataPlane":
+        """Start TransferQueue in this Ray cluster, or join the one already running there (then
+        this process does not own it and ``close`` leaves it up, e.g. a test session's shared one)."""
+        import ray
         import transfer_queue as tq
 
-        tq.init(tq_config())
+        try:
+            ray.get_actor("TransferQueueController", namespace="transfer_queue")
+            exists = True
+        except ValueError:
+            exists = False
+        tq.init(None if exists else tq_config())
         self._client = tq.get_client()
-        self._owner = True
+        self._owner = not exists
         return self
 
     def attach(self) -> "TransferQueueDataPlane":

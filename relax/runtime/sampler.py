@@ -18,7 +18,7 @@ from transfer_queue.sampler import BaseSampler
 
 GROUP_UID = "group_uid"  # custom_meta key: the prompt group of a sample (int, unique within a step)
 GROUP_SIZE = "group_size"  # custom_meta key: how many samples the group has in this partition
-SAMPLE_INDEX = "sample_index"  # custom_meta key: position of the sample in the step's batch
+SAMPLE_INDEX = "sample_index"  # custom_meta key: write position of the sample in its partition
 
 
 def select_groups(
@@ -26,9 +26,10 @@ def select_groups(
 ) -> tuple[list[int], list[int]]:
     """Pick the ready samples of the requested groups, all of them or nothing.
 
-    ``uids`` None means every group whose samples are all ready. Returns ``(sampled, missing_uids)``:
-    ``sampled`` in the order of ``uids`` (then by sample index), empty when any requested group is
-    incomplete; ``missing_uids`` lists the requested groups that are not complete yet.
+    ``uids`` None means every group whose samples are all ready, in write order. Returns
+    ``(sampled, missing_uids)``: ``sampled`` in the order of ``uids`` (each group in write order),
+    empty when any requested group is incomplete; ``missing_uids`` lists the requested groups that
+    are not complete yet.
     """
     by_uid: dict[int, list[tuple[int, int]]] = {}
     expected: dict[int, int] = {}
@@ -39,7 +40,7 @@ def select_groups(
         uid = meta[GROUP_UID]
         by_uid.setdefault(uid, []).append((meta.get(SAMPLE_INDEX, index), index))
         expected[uid] = meta[GROUP_SIZE]
-    wanted = sorted(by_uid) if uids is None else list(uids)
+    wanted = sorted(by_uid, key=lambda u: min(by_uid[u])) if uids is None else list(uids)
     missing = [u for u in wanted if len(by_uid.get(u, ())) != expected.get(u, -1)]
     if uids is None:
         wanted = [u for u in wanted if u not in missing]

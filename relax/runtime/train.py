@@ -182,6 +182,7 @@ class Runtime:
         self.adv_handle = None
         self._serve_error = "unknown error"
         self.startup_times: dict[str, float] = {}
+        self.last_step: int | None = None
 
     def start(self) -> None:
         import ray
@@ -259,6 +260,8 @@ class Runtime:
                     ray.kill(handle)
         with contextlib.suppress(Exception):
             if self.data_plane is not None:
+                if self.last_step is not None:
+                    self.data_plane.clear(self.last_step)  # matters when TransferQueue outlives the run
                 self.data_plane.close()
         if self.started_ray:
             with contextlib.suppress(Exception):
@@ -325,6 +328,7 @@ def run(config) -> "RunSummary":
         weights = None
         for index in bar:
             step = index + 1
+            runtime.last_step = step
             row, weights = _one_step(runtime, step, weights, keys)
             log.write(row)
             steps_run += 1

@@ -251,9 +251,6 @@ def test_ppo_non_finite_critic_value_on_a_valid_token_is_an_error():
         make("ppo").compute_advantages(_inputs([1.0, 0.0, 1.0], values=values))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG relax/algorithms/ppo.py: PPO.compute_advantages checks rewards and values but not kl; a NaN KL on a "
-    "valid token gives NaN advantages and returns for the whole prefix of that row, silently"))
 def test_ppo_non_finite_kl_on_a_valid_token_is_an_error():
     # a NaN KL on a VALID token must not flow silently into the advantages (REINFORCE++ raises here)
     kl = torch.zeros(3, 4)

@@ -222,10 +222,6 @@ def test_kl_loss_gradient_flows_through_log_probs_only():
     torch.testing.assert_close(logp.grad, expected, rtol=0, atol=1e-6)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG relax/algorithms/grpo.py GRPO.policy_loss: requires ref_log_probs whenever use_kl_loss is set, but "
-    "AlgorithmConfig.kl_in_loss / uses_reference are False when kl_loss_coef == 0, so the runtime "
-    "(runtime/roles.py) starts no reference model and the step raises"))
 def test_kl_loss_with_zero_coefficient_needs_no_reference():
     config = AlgorithmConfig(use_kl_loss=True, kl_loss_coef=0.0)
     assert not config.uses_reference  # what decides whether a reference model runs

@@ -35,7 +35,7 @@ class AdvantageInputs:
 
     ``rewards`` is the per-sample output of ``normalize_rewards``. ``segment_sizes`` gives the sample
     counts of the optimizer mini-batches in order (on this rank); ``None`` means the inputs form
-    exactly one mini-batch.
+    exactly one mini-batch. Algorithms that use it check that it sums to N on every rank together.
     """
 
     rewards: torch.Tensor = attrs.field(validator=_tensor)
@@ -61,11 +61,9 @@ class AdvantageInputs:
                     f"{name} must have the shape of response_mask {tuple(self.response_mask.shape)}, "
                     f"got {tuple(t.shape)}"
                 )
-        if self.segment_sizes is not None and sum(self.segment_sizes) != n:
-            raise ValueError(
-                f"segment_sizes {self.segment_sizes} sum to {sum(self.segment_sizes)}, "
-                f"but this batch holds {n} samples"
-            )
+        # ``sum(segment_sizes) == N`` is deliberately NOT checked here: with a process group, a
+        # rank that raised before the first collective would leave the other ranks hanging. The
+        # algorithms that use segments check it inside a collective and raise on every rank.
 
 
 @attrs.frozen(kw_only=True)

@@ -59,3 +59,18 @@ def test_pad_falls_back_to_eos_and_generation_config_adds_stop_ids(checkpoints):
     tok = HFTokenizer(NoPad(), extra_stop_ids=[9, 5])
     assert tok.pad_id == 5
     assert tok.stop_ids == (5, 9)
+
+
+def test_tiny_random_byte_level_checkpoint(tmp_path):
+    from relax.rollout.hf.tiny_random import build_tiny_random_checkpoint
+
+    path = build_tiny_random_checkpoint(tmp_path / "byte", "llama", tie=True)
+    tok = load_hf_tokenizer(path)
+    text = "Maya picks 14 apples — é?\n"
+    ids = tok.encode(text)
+    assert ids[0] == tok.bos_id and len(ids) == 1 + len(text.encode("utf-8"))  # one token per byte
+    assert tok.decode(ids[1:]) == text
+    im_end = tok.hf.convert_tokens_to_ids("<|im_end|>")
+    assert tok.stop_ids == (tok.eos_id, im_end)  # generation_config lists both
+    model = load_hf_model(path)
+    assert model.config.tie_word_embeddings and 100_000 < sum(p.numel() for p in model.parameters()) < 1_000_000

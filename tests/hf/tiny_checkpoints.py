@@ -51,29 +51,9 @@ def build_tokenizer(directory: str | Path):
 
 def model_config(family: str, vocab_size: int, *, tie: bool = False):
     """A config of a few hundred thousand parameters for ``family`` in {llama, qwen2, qwen3}."""
-    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
+    from relax.rollout.hf.tiny_random import model_config as _model_config
 
-    common = dict(
-        vocab_size=vocab_size,
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        rms_norm_eps=1e-6,
-        tie_word_embeddings=tie,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=0,
-    )
-    if family == "llama":
-        return LlamaConfig(**common, rope_theta=10000.0)
-    if family == "qwen2":
-        return Qwen2Config(**common, rope_theta=10000.0)
-    if family == "qwen3":
-        return Qwen3Config(**common, head_dim=32, rope_theta=10000.0)
-    raise ValueError(f"unknown family {family!r}")
+    return _model_config(family, vocab_size, tie=tie)
 
 
 def build_checkpoint(directory: str | Path, family: str = "llama", *, seed: int = 0, tie: bool = False) -> Path:

@@ -17,6 +17,35 @@ GDPO_BASELINES = ("mean", "leave_one_out")
 GDPO_WHITEN_UNITS = ("sample", "token")
 GDPO_WHITEN_SCOPES = ("minibatch", "rollout")
 GDPO_CONSTANT_COMPONENTS = ("zero", "formula")
+GDPO_PRESETS = ("nvlabs-trl", "nvlabs-verl")
+
+# GDPO variant axes (see relax/algorithms/gdpo.py). The fields default to None = "not set": the
+# value then comes from --gdpo-preset if one is given, else from GDPO_AXIS_DEFAULTS (this project's
+# recommended semantics). None is what lets a preset tell an axis the user set from one left alone.
+_GDPO_GROUP = "GDPO variants (see `relax algorithms gdpo`)"
+GDPO_AXIS_DEFAULTS = {
+    "gdpo_baseline": "mean",
+    "gdpo_std_eps": 1e-4,
+    "gdpo_whiten_unit": "sample",
+    "gdpo_whiten_scope": "minibatch",
+    "gdpo_constant_component": "zero",
+}
+GDPO_PRESET_AXES = {
+    "nvlabs-trl": {
+        "gdpo_baseline": "mean",
+        "gdpo_std_eps": 1e-4,
+        "gdpo_whiten_unit": "sample",
+        "gdpo_whiten_scope": "rollout",
+        "gdpo_constant_component": "formula",
+    },
+    "nvlabs-verl": {
+        "gdpo_baseline": "mean",
+        "gdpo_std_eps": 1e-6,
+        "gdpo_whiten_unit": "token",
+        "gdpo_whiten_scope": "rollout",
+        "gdpo_constant_component": "formula",
+    },
+}
 
 
 def _finite(instance, attribute, value):
@@ -48,6 +77,23 @@ def _one_of(choices):
             raise ValueError(f"{attribute.name} must be one of {', '.join(choices)}; got {value!r}")
 
     return check
+
+
+def _optional(check):
+    def optional_check(instance, attribute, value):
+        if value is not None:
+            check(instance, attribute, value)
+
+    return optional_check
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _gdpo_flag(help: str, **flag) -> dict:
+    """attrs metadata from which the command line builds the flag (group, help, choices, type)."""
+    return {"group": _GDPO_GROUP, "help": help, **flag}
 
 
 def _to_float_tuple(value):
@@ -95,6 +141,39 @@ class AlgorithmConfig:
     m2po_kl2_budget: float = attrs.field(default=0.01, validator=_non_negative)
     m2po_miniclip_low: float = attrs.field(default=0.3, validator=_unit_interval)
     m2po_miniclip_high: float = attrs.field(default=0.5, validator=_non_negative)
+    # GDPO variant axes: None = not set (the preset's value, else GDPO_AXIS_DEFAULTS). The metadata
+    # gives the command line its choices and help text.
+    gdpo_baseline: str | None = attrs.field(
+        default=None, validator=_optional(_one_of(GDPO_BASELINES)), metadata=_gdpo_flag(
+            "GDPO per-component group baseline: mean, or leave_one_out (the mean of the other samples "
+            "of the group) (default: mean)", choices=GDPO_BASELINES),
+    )
+    gdpo_std_eps: float | None = attrs.field(
+        default=None, validator=_positive, metadata=_gdpo_flag(
+            "GDPO epsilon added to the std in (x - baseline) / (std + eps), in the group step and the batch "
+            "whitening (default: 1e-4)", type="positive_float", metavar="EPS"),
+    )
+    gdpo_whiten_unit: str | None = attrs.field(
+        default=None, validator=_optional(_one_of(GDPO_WHITEN_UNITS)), metadata=_gdpo_flag(
+            "GDPO batch whitening statistics: per completion (sample), or over valid response tokens so "
+            "longer answers weigh more (token) (default: sample)", choices=GDPO_WHITEN_UNITS),
+    )
+    gdpo_whiten_scope: str | None = attrs.field(
+        default=None, validator=_optional(_one_of(GDPO_WHITEN_SCOPES)), metadata=_gdpo_flag(
+            "GDPO batch whitening over each optimizer mini-batch (minibatch), or one statistic over the "
+            "whole rollout (rollout) (default: minibatch)", choices=GDPO_WHITEN_SCOPES),
+    )
+    gdpo_constant_component: str | None = attrs.field(
+        default=None, validator=_optional(_one_of(GDPO_CONSTANT_COMPONENTS)), metadata=_gdpo_flag(
+            "GDPO: a component exactly constant within its group gives exactly 0 (zero), or plain "
+            "(r - mean) / (std + eps) with its rounding residue (formula) (default: zero)",
+            choices=GDPO_CONSTANT_COMPONENTS),
+    )
+    gdpo_preset: str | None = attrs.field(
+        default=None, validator=_optional(_one_of(GDPO_PRESETS)), metadata=_gdpo_flag(
+            "reproduce a reference GDPO exactly: nvlabs-trl or nvlabs-verl (sets the --gdpo-* axes; do "
+            "not set them as well)", choices=GDPO_PRESETS),
+    )
 
     def __attrs_post_init__(self):
         if isinstance(self.n_samples_per_prompt, bool) or not isinstance(self.n_samples_per_prompt, int):
@@ -116,6 +195,41 @@ class AlgorithmConfig:
             object.__setattr__(self, "eps_clip_high", self.eps_clip)
         if self.eps_clip_c is not None and self.eps_clip_c <= 1.0:
             raise ValueError(f"eps_clip_c (dual clip) must be > 1.0, got {self.eps_clip_c}")
+        if self.gdpo_preset is not None:
+            self._check_gdpo_preset()
+
+    def _check_gdpo_preset(self) -> None:
+        """A preset fixes every GDPO axis (and verl's reward layout); an axis set as well is a conflict."""
+        preset = self.gdpo_preset
+        for name, value in GDPO_PRESET_AXES[preset].items():
+            mine = getattr(self, name)
+            if mine is not None:
+                raise ValueError(
+                    f"{name}={mine!r} conflicts with gdpo_preset={preset!r}, which sets {name} to "
+                    f"{value!r} to reproduce the reference exactly; drop {_flag(name)} or --gdpo-preset"
+                )
+        if preset == "nvlabs-trl" and len(self.reward_keys) < 2:
+            raise ValueError(
+                "gdpo_preset='nvlabs-trl' reproduces the TRL reference's GDPO branch, which it only takes "
+                f"with more than one reward; reward_keys has {len(self.reward_keys)} "
+                f"({', '.join(self.reward_keys)}). Give --reward-keys at least two components "
+                "(e.g. --reward-keys correctness format)"
+            )
+        if preset == "nvlabs-verl" and (len(self.reward_keys) != 2 or self.reward_weights != (1.0, 1.0)):
+            raise ValueError(
+                "gdpo_preset='nvlabs-verl' reproduces the verl reference, which sums exactly two rewards "
+                f"without weights; got reward_keys={self.reward_keys} with reward_weights="
+                f"{self.reward_weights}. Give exactly two --reward-keys and no --reward-weights (or 1 1)"
+            )
+
+    def gdpo_axis(self, name: str):
+        """The effective value of a GDPO axis field: set > preset > project default."""
+        value = getattr(self, name)
+        if value is not None:
+            return value
+        if self.gdpo_preset is not None:
+            return GDPO_PRESET_AXES[self.gdpo_preset][name]
+        return GDPO_AXIS_DEFAULTS[name]
 
     @property
     def kl_in_reward(self) -> bool:

@@ -2,25 +2,100 @@
 
 GRPO first sums the reward components and then normalizes the sum per group, so a component with a
 large spread drowns the others. GDPO normalizes each component within its group first, then takes
-the weighted sum, then whitens those per-sample values once more over each optimizer mini-batch:
+the weighted sum, then whitens those per-sample values once more over the batch:
 
-1. z_ik = (r_ik - mean_g(r_k)) / (std_g(r_k) + 1e-4)    per group g, per component k (exactly 0
-   when component k is constant within the group);
-2. a_i = sum_k w_k z_ik                                    (``normalize_rewards``, rollout side);
-3. A_i = (a_i - mean_seg) / (std_seg + 1e-4)               per mini-batch segment, over the
-   data-parallel group (exactly 0 for a segment whose values are all equal), then broadcast to the
-   response tokens (``compute_advantages``).
+1. z_ik = (r_ik - b_ik) / (std_g(r_k) + eps)     per group g, per component k (b = group baseline);
+2. a_i = sum_k w_k z_ik                           (steps 1-2: ``normalize_rewards``, rollout side);
+3. A_i = (a_i - mean) / (std + eps)               over each optimizer mini-batch, across the
+   data-parallel group, then broadcast to the response tokens (``compute_advantages``).
 
-Statistics are float64 and two-pass, stds unbiased. The policy loss is GRPO's PPO clip.
+Frameworks that ship GDPO differ silently in each of these choices (``notes/peers.md`` §9). Here
+each one is a flag, and the defaults are this project's recommended semantics:
+
+- ``--gdpo-baseline`` mean | leave_one_out (default mean). ``mean``: b = the group mean, as in the
+  paper and both NVlabs references. ``leave_one_out``: b_i = mean of the *other* samples of the group
+  (NeMo RL's default), computed as G/(G-1) * (r_i - mean_g); the std term is the same group std.
+  With equal group sizes the factor is a constant that step 3 removes (up to eps), so it matters
+  mostly when group sizes differ.
+- ``--gdpo-std-eps`` (default 1e-4, the TRL reference's value): the eps of steps 1 and 3. Large
+  enough that a narrow continuous component (std ~ 1e-3) is only damped by ~10%, small enough that
+  rescaling a component 1000x leaves the result unchanged to ~1e-4.
+- ``--gdpo-whiten-unit`` sample | token (default sample): step 3's statistics are taken per
+  completion, or over valid response tokens (each sample counted once per token, so longer answers
+  weigh more, as verl's ``masked_whiten`` does). Each sample still gets one value on all its tokens.
+  Default ``sample``: the loss already weighs tokens; weighing the baseline by length as well would
+  let long answers set the zero point.
+- ``--gdpo-whiten-scope`` minibatch | rollout (default minibatch): step 3 per optimizer mini-batch
+  (``segment_sizes``), or one statistic over the whole batch handed to ``compute_advantages``. Default
+  ``minibatch``: every optimizer step then sees zero-mean, unit-scale advantages; whitening the merged
+  rollout flipped the signs of 4 of 8 samples of a mini-batch in an upstream test.
+- ``--gdpo-constant-component`` zero | formula (default zero): ``zero`` gives exactly 0 for a
+  component that is exactly constant (bit-equal values) within its group; ``formula`` computes plain
+  (r - mean) / (std + eps), keeping the rounding residue of the mean (float64 residues are ~1e-13
+  after dividing by eps; float32 ones, as in the references, ~1e-5, or ~1e-2 with eps 1e-6). Default
+  ``zero``: a constant component carries no information, so it should contribute nothing. A column
+  that differs in the last bit (0.1 + 0.2 vs 0.3) is not constant under either rule. Step 3 of the
+  recommended path always gives exact zeros for a segment whose values are all equal.
+
+Statistics of the recommended path are float64 and two-pass, stds unbiased. The policy loss is
+GRPO's PPO clip.
+
+``--gdpo-preset`` sets every axis to reproduce a reference implementation exactly (setting an axis
+as well is an error, see ``AlgorithmConfig``); it then also uses the reference's own float32
+arithmetic in the reference's order of operations:
+
+- ``nvlabs-trl`` (NVlabs ``trl-0.18.0-gdpo`` ``GRPOTrainer``, ``apply_gdpo``): per reward, the
+  completions laid out group after group ([groups, G] view), ``(r - mean) / (std + 1e-4)`` with
+  torch's unbiased std and no special case; ``sum_k w_k z_k``; then over the whole batch (all ranks'
+  completions, as TRL gathers them) ``(a - a.mean()) / (a.std() + 1e-4)``; float32 throughout.
+  Deviations: the reference turns NaN rewards into 0 (``nan_to_num``) and sums with ``nansum``;
+  here a NaN is rejected with an error naming the sample and key (nothing is silently replaced), so
+  the sum is a plain sum. The reference takes this branch only with more than one reward, and views
+  the batch as equal groups of G: the preset requires two or more reward keys and equal group sizes.
+- ``nvlabs-verl`` (NVlabs ``verl-GDPO``, ``adv_estimator=gdpo``): exactly two rewards, summed without
+  weights. Assumptions (``notes/peers.md`` gives the steps, not every line): each reward goes through
+  verl's GRPO outcome advantage of that era - per group (members in batch order) float32
+  ``(r - mean) / (std + 1e-6)`` with ``torch.std`` (unbiased), a group of one getting mean 0, std 1;
+  the two results are added per token; then verl's ``masked_whiten`` over the valid tokens of the
+  whole batch: ``mean = sum(x m) / sum(m)``, ``var = sum((x - mean)^2 m) / sum(m) * n / (n - 1)``,
+  ``(x - mean) * rsqrt(var + 1e-8)`` (its 1e-8 is part of the formula, not ``--gdpo-std-eps``).
+  Positions outside the response mask are 0 here (the reference leaves values there that its loss
+  masks out); fewer than two valid tokens is an error, as in verl.
+
+Presets are bit-exact against the references on one process (the advantages service). With
+``process_group`` (advantages on the training ranks) the batch is gathered in rank order, so the
+statistics see the same numbers in another order: equal up to float32 summation rounding.
 """
 
 from __future__ import annotations
 
+import attrs
 import torch
 
 from relax.algorithms import numerics as N
+from relax.algorithms.config import AlgorithmConfig
 from relax.algorithms.grpo import GRPO
 from relax.algorithms.types import AdvantageInputs
+
+_AXES = ("gdpo_baseline", "gdpo_std_eps", "gdpo_whiten_unit", "gdpo_whiten_scope", "gdpo_constant_component")
+_VERL_WHITEN_VAR_EPS = 1e-8  # verl masked_whiten: (x - mean) * rsqrt(var + 1e-8)
+
+
+@attrs.frozen
+class GDPOVariant:
+    """The effective GDPO semantics of a configuration (each axis: flag > preset > default)."""
+
+    baseline: str
+    std_eps: float
+    whiten_unit: str
+    whiten_scope: str
+    constant_component: str
+    preset: str | None
+
+    @classmethod
+    def from_config(cls, config: AlgorithmConfig) -> "GDPOVariant":
+        values = [config.gdpo_axis(name) for name in _AXES]
+        return cls(*values, preset=config.gdpo_preset)
 
 
 class GDPO(GRPO):
@@ -33,16 +108,38 @@ class GDPO(GRPO):
     forbids_reward_side_kl = True
     allows_reward_post_process_hooks = False
     supports_async = False  # step 3 needs whole mini-batches (and the data-parallel group)
-    hyperparameters = ("n_samples_per_prompt", "reward_keys", "reward_weights", "eps_clip", "eps_clip_high",
-                       "eps_clip_c", "use_kl_loss", "kl_loss_coef", "kl_loss_type", "entropy_coef",
-                       "loss_aggregation")
+    hyperparameters = ("n_samples_per_prompt", "reward_keys", "reward_weights", "gdpo_preset") + _AXES + (
+        "eps_clip", "eps_clip_high", "eps_clip_c", "use_kl_loss", "kl_loss_coef", "kl_loss_type",
+        "entropy_coef", "loss_aggregation",
+    )
+
+    def __init__(self, config: AlgorithmConfig | None = None):
+        super().__init__(config)
+        self.variant = GDPOVariant.from_config(self.config)
+
+    # ---- steps 1 and 2 (rollout side) ----
 
     def decoupled_rewards(self, rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
-        """Steps 1 and 2 in float64: per-component group standardization, then the weighted sum."""
-        r = N.reward_matrix(rewards, self.config.reward_keys)
-        groups = N.Groups(N.check_group_ids(group_ids, r.shape[0]))
-        z = N.group_standardize(r, groups, N.GDPO_EPS)  # a constant column gives exact zeros
-        combined = N.weighted_sum(z, self.config.reward_weights)
+        """Steps 1 and 2: per-component group standardization, then the weighted sum -> ``[N]``.
+
+        float64 on the recommended path; float32 in the reference's arithmetic under a preset.
+        """
+        v = self.variant
+        r = N.reward_matrix(rewards, self.config.reward_keys)  # rejects NaN/inf, naming sample and key
+        ids = N.check_group_ids(group_ids, r.shape[0])
+        if v.preset == "nvlabs-trl":
+            combined = _trl_decoupled(r.to(torch.float32), ids, self.config.reward_weights, v.std_eps)
+        elif v.preset == "nvlabs-verl":
+            combined = _verl_decoupled(r.to(torch.float32), ids, v.std_eps)
+        else:
+            groups = N.Groups(ids)
+            if v.constant_component == "zero":
+                z = N.group_standardize(r, groups, v.std_eps)  # a constant column gives exact zeros
+            else:
+                z = N.group_standardize_unshifted(r, groups, v.std_eps)
+            if v.baseline == "leave_one_out":
+                z = z * N.leave_one_out_factor(groups)[:, None]
+            combined = N.weighted_sum(z, self.config.reward_weights)
         where = N.first_non_finite(combined)
         if where is not None:
             raise ValueError(
@@ -63,10 +160,111 @@ class GDPO(GRPO):
         combined = self.decoupled_rewards(rewards, group_ids).to(torch.float32)
         return N.group_has_spread(combined, N.check_group_ids(group_ids, combined.shape[0]))
 
+    # ---- step 3 (advantage stage) ----
+
     def compute_advantages(self, inputs: AdvantageInputs, process_group=None):
         self.check_normalize_advantages_flag()
-        whitened = N.whiten_segments(
-            inputs.rewards, inputs.segment_sizes, process_group, eps=N.GDPO_EPS, what="GDPO batch whitening"
-        )
+        v = self.variant
+        if v.preset is not None:
+            advantages = self._preset_whiten(inputs, process_group)
+            return advantages, advantages.clone()
+        segments = inputs.segment_sizes if v.whiten_scope == "minibatch" else None
+        what = "GDPO batch whitening"
+        if v.whiten_unit == "sample":
+            whitened = N.whiten_segments(inputs.rewards, segments, process_group, eps=v.std_eps, what=what)
+        else:
+            tokens = inputs.response_mask.to(torch.bool).sum(dim=1)
+            whitened = N.whiten_segments_weighted(
+                inputs.rewards, tokens, segments, process_group, eps=v.std_eps, what=what
+            )
         advantages = N.broadcast_to_tokens(whitened, inputs.response_mask)
         return advantages, advantages.clone()
+
+    def _preset_whiten(self, inputs: AdvantageInputs, process_group) -> torch.Tensor:
+        """Step 3 of a preset: the reference's float32 whitening over the whole (gathered) batch."""
+        what = f"GDPO batch whitening (--gdpo-preset {self.variant.preset})"
+        rewards = inputs.rewards.to(torch.float32)
+        mask = inputs.response_mask.to(torch.bool)
+        bad = N.first_non_finite(rewards)
+        error = None if bad is None else (
+            f"{what} received a non-finite value {rewards[bad].item()!r} at sample {bad[0]} (on this rank)"
+        )
+        n, t = mask.shape
+        values, offset = N.all_gather_rows(rewards, process_group, error=error, what=what)
+        if self.variant.preset == "nvlabs-trl":
+            if values.shape[0] < 2:
+                raise ValueError(
+                    f"{what}: the batch holds {values.shape[0]} sample(s); its std needs at least 2"
+                )
+            out = (values - values.mean()) / (values.std() + self.variant.std_eps)
+            return N.broadcast_to_tokens(out[offset:offset + n], mask)
+        token_mask, _ = N.all_gather_rows(mask.to(torch.float32), process_group, what=what)
+        whitened = _verl_masked_whiten(values[:, None] * token_mask, token_mask, what)
+        mine = whitened[offset:offset + n, :t]
+        return torch.where(mask, mine, torch.zeros((), dtype=torch.float32))
+
+
+# ---- presets: the references' own float32 arithmetic, step by step ----
+
+
+def _batch_order(ids: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """A permutation laying the batch out group after group (groups by first appearance, members in
+    batch order) and the common group size; unequal group sizes -> ``ValueError``."""
+    groups = N.Groups(ids)
+    n = ids.shape[0]
+    sizes = groups.counts[groups.counts > 0]
+    if n and int(sizes.min()) != int(sizes.max()):
+        raise ValueError(
+            "--gdpo-preset nvlabs-trl reproduces a reference that views the batch as groups of "
+            f"n_samples_per_prompt completions, but the group sizes here range from {int(sizes.min())} to "
+            f"{int(sizes.max())}; keep every group whole"
+        )
+    first = groups.broadcast(groups.first_member())
+    order = torch.argsort(first * max(n, 1) + torch.arange(n), stable=True)
+    return order, int(sizes[0]) if n else 1
+
+
+def _trl_decoupled(r32: torch.Tensor, ids: torch.Tensor, weights, eps: float) -> torch.Tensor:
+    """NVlabs TRL steps 1-2 in float32: per reward ``view(-1, G)`` mean/std, z-score, weighted sum."""
+    order, g = _batch_order(ids)
+    laid_out = r32.index_select(0, order)  # the reference's layout: group after group
+    per_reward = []
+    for k in range(laid_out.shape[1]):
+        column = laid_out[:, k]
+        mean = column.view(-1, g).mean(dim=1).repeat_interleave(g, dim=0)
+        std = column.view(-1, g).std(dim=1).repeat_interleave(g, dim=0)
+        per_reward.append((column - mean) / (std + eps))
+    w = torch.tensor(tuple(weights), dtype=torch.float32)
+    combined_laid_out = (torch.stack(per_reward, dim=1) * w.unsqueeze(0)).sum(dim=1)
+    return torch.empty_like(combined_laid_out).index_copy_(0, order, combined_laid_out)
+
+
+def _verl_decoupled(r32: torch.Tensor, ids: torch.Tensor, eps: float) -> torch.Tensor:
+    """NVlabs verl steps 1-2 in float32: each reward's GRPO outcome advantage per group, then the sum."""
+    combined = torch.zeros(r32.shape[0], dtype=torch.float32)
+    for k in range(r32.shape[1]):
+        scores = r32[:, k]
+        z = torch.empty_like(scores)
+        for gid in torch.unique(ids).tolist():
+            members = (ids == gid).nonzero().squeeze(1)
+            vals = scores.index_select(0, members)
+            if vals.shape[0] == 1:
+                mean, std = torch.tensor(0.0), torch.tensor(1.0)
+            else:
+                mean, std = torch.mean(vals), torch.std(vals[None, :])
+            z[members] = (vals - mean) / (std + eps)
+        combined = combined + z  # the reference adds the two token-level advantages
+    return combined
+
+
+def _verl_masked_whiten(values: torch.Tensor, mask: torch.Tensor, what: str) -> torch.Tensor:
+    """verl ``masked_whiten`` (shift_mean=True) in float32: unbiased masked variance, rsqrt(var + 1e-8)."""
+    count = mask.sum()
+    if float(count) < 2:
+        raise ValueError(
+            f"{what}: the batch holds {int(count)} valid response token(s); verl's masked_whiten needs at least 2"
+        )
+    mean = (values * mask).sum() / count
+    var = ((values - mean) ** 2 * mask).sum() / count
+    var = var * (count / (count - 1))
+    return (values - mean) * torch.rsqrt(var + _VERL_WHITEN_VAR_EPS)

@@ -243,6 +243,35 @@ def group_standardize(
     return out
 
 
+def group_standardize_unshifted(
+    values: torch.Tensor, group_ids: torch.Tensor | Groups, eps: float
+) -> torch.Tensor:
+    """Per group plain ``(x - mean) / (std + eps)`` with no special case, dtype of ``values``.
+
+    Unlike ``group_standardize`` the statistics are taken of ``x`` itself, so a constant column keeps
+    whatever residue ``x - mean(x)`` has after rounding (e.g. three copies of 0.1 in float64 have a
+    mean of 0.10000000000000002). Unbiased two-pass std; a group of one has std 0.
+    """
+    g = group_ids if isinstance(group_ids, Groups) else Groups(group_ids)
+    dev = values - g.broadcast(g.mean(values))
+    return dev / g.broadcast(g.std_from_deviations(dev).add_(eps))
+
+
+def leave_one_out_factor(groups: Groups, dtype=torch.float64) -> torch.Tensor:
+    """Per sample ``G / (G - 1)``: x_i - mean_{j != i} x_j = G / (G - 1) * (x_i - mean_g) for a group of G.
+
+    Groups of fewer than 2 samples have no leave-one-out baseline -> ``ValueError``.
+    """
+    sizes = groups.sizes
+    if sizes.numel() and int(sizes.min()) < 2:
+        i = int((sizes < 2).nonzero()[0])
+        raise ValueError(
+            f"leave-one-out baseline needs groups of at least 2 samples, but sample {i} is alone in its "
+            "group; use --n-samples-per-prompt >= 2 and keep groups whole"
+        )
+    return sizes.to(dtype) / (sizes - 1).to(dtype)
+
+
 def group_leave_one_out(values: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
     """RLOO: ``x_i - mean_{j != i} x_j`` = ``G/(G-1) * (x_i - mean_g)``; every group needs >= 2 samples."""
     g = Groups(group_ids)
@@ -401,6 +430,110 @@ def whiten_segments(
     collapsed = (count == 0) | ((ext[:, 2] == 0) & (-ext[:, 0] == ext[:, 1]))
     out = dev.div_(segments.spread(std.add_(eps))).masked_fill_(segments.spread(collapsed), 0.0)
     return out.reshape(-1).to(values.dtype if values.is_floating_point() else torch.float32)
+
+
+def whiten_segments_weighted(
+    values: torch.Tensor,
+    weights: torch.Tensor,
+    segment_sizes: Sequence[int] | None = None,
+    process_group=None,
+    *,
+    eps: float = GDPO_EPS,
+    what: str = "batch whitening",
+) -> torch.Tensor:
+    """``whiten_segments`` with per-sample weights (e.g. response-token counts) in the statistics.
+
+    Per segment: mean = sum(w x) / sum(w), std = sqrt(sum(w (x - mean)^2) / (sum(w) - 1)) (the
+    unbiased std of the values repeated w times: with token counts, the std over valid tokens), and
+    ``(x - mean) / (std + eps)`` per sample. Samples with weight 0 do not enter the statistics. A
+    segment whose positive-weight samples are all equal across the group, or whose weights sum to 0,
+    gives exact zeros. Errors and collectives as in ``whiten_segments`` (weights must be finite, >= 0).
+    """
+    if values.dim() != 1 or weights.shape != values.shape:
+        raise ValueError(
+            f"{what} expects per-sample values and weights [N], got shapes {tuple(values.shape)} and "
+            f"{tuple(weights.shape)}"
+        )
+    n, device = values.shape[0], values.device
+    w = weights.to(torch.float64)
+    sizes, error = _check_segments(segment_sizes, n)
+    error = error or _non_finite_message(values, None, what)
+    if error is None and n and not bool((torch.isfinite(w) & (w >= 0)).all()):
+        error = f"{what}: weights must be finite and >= 0"
+    s_local = 0 if error else len(sizes)
+    agree = torch.tensor([-s_local, s_local, 1 if error else 0], dtype=torch.int64, device=device)
+    _all_reduce(agree, dist.ReduceOp.MAX, process_group)
+    if int(agree[2]):
+        raise ValueError(error or "another rank in the process group reported malformed segment_sizes, "
+                         f"weights or a non-finite value for {what}; see its error message")
+    if -int(agree[0]) != int(agree[1]):
+        raise ValueError(
+            f"segment_sizes describes {len(sizes)} segment(s) on this rank, but ranks in the process group "
+            f"report between {-int(agree[0])} and {int(agree[1])}; every rank must split its shard into the "
+            "same number of mini-batches"
+        )
+    segments = _Segments(sizes, device)
+    x, w = segments.shape(values.to(torch.float64)), segments.shape(w)
+    first = torch.stack([segments.sum(w), segments.sum(w * x)], dim=1)
+    _all_reduce(first, dist.ReduceOp.SUM, process_group)
+    total = first[:, 0]
+    dev = x - segments.spread(first[:, 1] / torch.where(total > 0, total, torch.ones_like(total)))
+    ss = segments.sum(w * dev * dev)
+    _all_reduce(ss, dist.ReduceOp.SUM, process_group)
+    std = (ss / (total - 1).clamp(min=1)).sqrt_()
+    # Collapse test over positive-weight samples only: representative = the first such sample of the
+    # segment on each rank (none -> -inf in the MAX all-reduce, as for an empty shard).
+    positive = w > 0
+    big = torch.iinfo(torch.int64).max
+    pos = torch.arange(n, device=device)
+    first_pos = torch.full((len(sizes),), big, dtype=torch.int64, device=device)
+    seg_index = torch.repeat_interleave(torch.arange(len(sizes), device=device),
+                                        torch.tensor(sizes, dtype=torch.int64, device=device))
+    first_pos.scatter_reduce_(0, seg_index, torch.where(positive.reshape(-1), pos, big), reduce="amin")
+    has_pos = first_pos < big
+    rep = x.reshape(-1).index_select(0, torch.where(has_pos, first_pos, 0)) if n else \
+        torch.zeros(len(sizes), **_f64(device))
+    differs = segments.sum(((x != segments.spread(rep)) & positive).to(torch.float64)) > 0
+    minus_inf = torch.full_like(rep, float("-inf"))
+    ext = torch.stack([torch.where(has_pos, -rep, minus_inf), torch.where(has_pos, rep, minus_inf),
+                       differs.to(torch.float64)], dim=1)
+    _all_reduce(ext, dist.ReduceOp.MAX, process_group)
+    collapsed = (total == 0) | ((ext[:, 2] == 0) & (-ext[:, 0] == ext[:, 1]))
+    out = dev.div_(segments.spread(std.add_(eps))).masked_fill_(segments.spread(collapsed), 0.0)
+    return out.reshape(-1).to(values.dtype if values.is_floating_point() else torch.float32)
+
+
+def all_gather_rows(
+    local: torch.Tensor, process_group=None, *, error: str | None = None, what: str = "all_gather_rows"
+) -> tuple[torch.Tensor, int]:
+    """Concatenate every rank's ``[n_r]`` or ``[n_r, t_r]`` tensor along dim 0, in rank order.
+
+    -> ``(whole, offset)`` with ``whole[offset:offset + n]`` this rank's rows. 2-D pieces of different
+    widths are right-padded with zeros to the widest. ``error`` (a message found on this rank) is
+    agreed on in the first collective and raised on every rank. Without a group: ``(local, 0)``.
+    """
+    if process_group is None:
+        if error:
+            raise ValueError(error)
+        return local, 0
+    world, rank = dist.get_world_size(process_group), dist.get_rank(process_group)
+    width = local.shape[1] if local.dim() == 2 else 0
+    shapes = torch.zeros(world, 3, dtype=torch.int64, device=local.device)
+    shapes[rank] = torch.tensor([local.shape[0], width, 1 if error else 0])
+    _all_reduce(shapes, dist.ReduceOp.SUM, process_group)
+    if int(shapes[:, 2].max()):
+        raise ValueError(error or f"another rank in the process group reported a problem with {what}; "
+                         "see its error message")
+    rows, t_max = int(shapes[:, 0].max()), int(shapes[:, 1].max())
+    padded = local.new_zeros((rows, t_max) if local.dim() == 2 else (rows,))
+    if local.dim() == 2:
+        padded[: local.shape[0], : local.shape[1]] = local
+    else:
+        padded[: local.shape[0]] = local
+    pieces = [torch.empty_like(padded) for _ in range(world)]
+    dist.all_gather(pieces, padded, group=process_group)
+    whole = torch.cat([p[: int(shapes[r, 0])] for r, p in enumerate(pieces)])
+    return whole, int(shapes[:rank, 0].sum())
 
 
 def _f64(device) -> dict:

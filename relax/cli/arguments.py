@@ -581,6 +581,15 @@ def _field_type(field):
     return str
 
 
+_VALUE_TYPES = {
+    "finite_float": finite_float,
+    "non_negative_float": non_negative_float,
+    "positive_float": positive_float,
+    "unit_interval": unit_interval,
+    "positive_int": positive_int,
+}
+
+
 def _add_remaining_fields(parser: argparse.ArgumentParser) -> None:
     """Give a flag to every AlgorithmConfig / RunConfig field that has no hand-written one yet.
 
@@ -588,12 +597,13 @@ def _add_remaining_fields(parser: argparse.ArgumentParser) -> None:
     added; a hand-written flag with a better help text should follow.
     """
     taken = {a.dest for a in parser._actions}
-    group = None
+    groups: dict[str, argparse._ArgumentGroup] = {}
     for cls, fields in ((AlgorithmConfig, ALGORITHM_FIELDS), (RunConfig, RUN_FIELDS)):
         for field in attrs.fields(cls):
             if field.name not in fields or field.name in taken:
                 continue
-            group = group or parser.add_argument_group("other settings")
+            title = field.metadata.get("group", "other settings")
+            group = groups.get(title) or groups.setdefault(title, parser.add_argument_group(title))
             flag = "--" + field.name.replace("_", "-")
             kind = _field_type(field)
             default = field.default if not isinstance(field.default, attrs.Factory) else None
@@ -606,9 +616,17 @@ def _add_remaining_fields(parser: argparse.ArgumentParser) -> None:
                     help=f"{cls.__name__}.{field.name}",
                 )
             else:
-                kind = finite_float if kind is float else kind
+                # A field may describe its flag in attrs metadata: choices, help, metavar and a type
+                # named after one of the value types above (e.g. "positive_float").
+                meta = field.metadata
+                if "type" in meta:
+                    kind = _VALUE_TYPES[meta["type"]]
+                elif kind is float:
+                    kind = finite_float
+                extra = {k: meta[k] for k in ("choices", "metavar") if k in meta}
                 group.add_argument(
-                    flag, dest=field.name, type=kind, default=default, help=f"{cls.__name__}.{field.name}"
+                    flag, dest=field.name, type=kind, default=default,
+                    help=meta.get("help", f"{cls.__name__}.{field.name}"), **extra
                 )
 
 

@@ -403,3 +403,102 @@ def test_explicit_recommended_axes_equal_the_defaults_bit_for_bit():
     a, b = default.normalize_rewards(rewards, ids), explicit.normalize_rewards(rewards, ids)
     assert torch.equal(a, b)
     assert torch.equal(advantages_of(default, a, mask, (20, 15)), advantages_of(explicit, b, mask, (20, 15)))
+
+
+# ------------------------------------------------------------------------------------------------
+# two gloo ranks: token unit, rollout scope and a preset equal the single-process numbers
+# ------------------------------------------------------------------------------------------------
+
+DIST_CONFIGS = {
+    "token_minibatch": dict(gdpo_whiten_unit="token"),
+    "sample_rollout": dict(gdpo_whiten_scope="rollout"),
+    "token_rollout": dict(gdpo_whiten_unit="token", gdpo_whiten_scope="rollout"),
+    "trl_preset": dict(gdpo_preset="nvlabs-trl"),
+}
+
+
+def _dist_shards():
+    """Two uneven shards (different T per rank), two segments each; the whole batch is their concat."""
+    g = torch.Generator().manual_seed(5)
+    values = [torch.randn(7, generator=g) * 3, torch.randn(5, generator=g) * 3 + 1]
+    lengths = [torch.randint(0, 6, (7,), generator=g), torch.randint(1, 9, (5,), generator=g)]
+    masks = [mask_from(lengths[0], t=6), mask_from(lengths[1], t=9)]
+    return values, masks, [(3, 4), (2, 3)]
+
+
+def _dist_rank(rank, port, q):
+    import datetime
+
+    import torch.distributed as dist
+
+    try:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+                                timeout=datetime.timedelta(seconds=30))
+        values, masks, segments = _dist_shards()
+        out = {}
+        for name, axes in DIST_CONFIGS.items():
+            algo = gdpo(reward_keys=("a", "b"), **axes)
+            inputs = AdvantageInputs(rewards=values[rank], response_mask=masks[rank],
+                                     segment_sizes=segments[rank])
+            out[name] = algo.compute_advantages(inputs, process_group=dist.group.WORLD)[0].tolist()
+        q.put((rank, out))
+        dist.destroy_process_group()
+    except Exception as exc:  # report instead of hanging the parent
+        q.put((rank, {"__error__": repr(exc)}))
+
+
+def _single_process_reference(axes):
+    """The same batch on one process: the shards concatenated; for the minibatch scope (segment s pools
+    every rank's segment s) the samples are reordered so that each segment is contiguous."""
+    values, masks, segments = _dist_shards()
+    t = max(m.shape[1] for m in masks)
+    pad = [torch.nn.functional.pad(m, (0, t - m.shape[1])) for m in masks]
+    algo = gdpo(reward_keys=("a", "b"), **axes)
+    if axes.get("gdpo_whiten_scope") == "rollout" or "gdpo_preset" in axes:
+        adv = advantages_of(algo, torch.cat(values), torch.cat(pad))
+        return [adv[:7, : masks[0].shape[1]], adv[7:, : masks[1].shape[1]]]
+    order = [0, 1, 2, 7, 8, 3, 4, 5, 6, 9, 10, 11]  # segment 0 of both ranks, then segment 1 of both
+    adv = torch.empty(12, t)
+    adv[order] = advantages_of(algo, torch.cat(values)[order], torch.cat(pad)[order], (5, 7))
+    return [adv[:7, : masks[0].shape[1]], adv[7:, : masks[1].shape[1]]]
+
+
+@pytest.mark.timeout(120)
+def test_two_gloo_ranks_match_the_single_process_batch():
+    import multiprocessing as mp
+    import queue as queue_module
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_dist_rank, args=(r, port, q)) for r in range(2)]
+    for p in procs:
+        p.start()
+    results = {}
+    try:
+        for _ in procs:
+            rank, res = q.get(timeout=90)
+            results[rank] = res
+    except queue_module.Empty:
+        pytest.fail(f"a rank did not report within 90 s (hang?); got ranks {sorted(results)}")
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    for rank in range(2):
+        assert "__error__" not in results[rank], results[rank]
+    for name, axes in DIST_CONFIGS.items():
+        expected = _single_process_reference(axes)
+        for rank in range(2):
+            got = torch.tensor(results[rank][name])
+            if name == "trl_preset":  # gathered in rank order = the single-process order: bit for bit
+                assert torch.equal(got, expected[rank])
+            else:  # float64 statistics summed in another order, results rounded to float32
+                torch.testing.assert_close(got, expected[rank], rtol=1e-6, atol=1e-6,
+                                           msg=f"{name} rank {rank}")
+        assert expected[0].abs().sum() > 0

@@ -19,9 +19,19 @@ from relax.algorithms import numerics as N
 from relax.backends.base import TokenBatch
 from relax.backends.torch_backend import TorchBackend, response_log_probs
 from relax.runtime import components
-from relax.runtime.schedule import StepPlan
+from relax.runtime.schedule import StepPlan, plan_step
 
 BATCH_FIELDS = ("prompt_ids", "prompt_mask", "response_ids", "response_mask")
+
+
+def num_minibatches(config) -> int:
+    """Optimizer steps per rollout (the CLI fills ``num_steps_per_rollout``; derived otherwise)."""
+    if config.num_steps_per_rollout:
+        return int(config.num_steps_per_rollout)
+    if config.global_batch_size:
+        total = config.rollout_batch_size * config.algorithm.n_samples_per_prompt
+        return max(1, total // config.global_batch_size)
+    return 1
 
 
 def token_batch(fields) -> TokenBatch:
@@ -60,6 +70,8 @@ class ActorCore:
         self.process_group = None
         self.backend = self._make_backend()
         self.data_plane = data_plane
+        self.advantages_service = None  # the Serve handle; rank 0 sends it the step's request
+        self.num_minibatches = num_minibatches(config)
         self._cache: dict | None = None
 
     def _make_backend(self) -> TorchBackend:
@@ -116,30 +128,56 @@ class ActorCore:
         return {"time/actor/prepare_s": time.perf_counter() - t0}
 
     # -- phase 2: the optimizer steps --
-    def train(self, step: int, plan: StepPlan, *, with_values: bool = False, return_weights: bool = True):
+    def train(self, step: int, plan: StepPlan, *, with_values: bool = False, with_kl: bool = False,
+              return_weights: bool = True):
+        """Optimizer steps on this rank's shard; returns ``(metrics, weights or None)``.
+
+        With the Serve advantages role, rank 0 sends the request first and computes the old
+        log-probs while the deployment works (two processes, two cores); every rank then reads
+        its advantages from the data plane (the read waits until they are written).
+        """
         t0 = time.perf_counter()
+        serve = not self.advantages_on_actor
+        request = None
+        if serve and self.rank == 0 and plan.num_groups and self.advantages_service is not None:
+            request = self.advantages_service.compute.remote(
+                step, plan.num_groups, plan.segment_sizes, with_values, with_kl
+            )
         if self._cache is None or self._cache["step"] != step:
-            extra = () if self.advantages_on_actor else ("advantages",)
-            if self.advantages_on_actor and with_values:
-                extra += ("values",)
+            extra = ("values",) if (self.advantages_on_actor and with_values) else ()
             self._cache = self._load_shard(step, plan, extra)
-        elif not self.advantages_on_actor and self._cache["batch"] is not None:
-            uids = plan.rank_uids(self.rank)
-            adv = self.data_plane.read(step, ("advantages",), "actor_advantages", len(uids), uids)
-            self._cache["fields"]["advantages"] = adv["advantages"]
         cache, self._cache = self._cache, None
         t1 = time.perf_counter()
+        extra_metrics = {}
+        if request is not None:
+            extra_metrics.update(request.result())
+        if serve and cache["batch"] is not None:
+            uids = plan.rank_uids(self.rank)
+            cache["fields"]["advantages"] = self.data_plane.read(
+                step, ("advantages",), "actor_advantages", len(uids), uids
+            )["advantages"]
+        t_adv = time.perf_counter()
         seg = plan.rank_segment_sizes(self.rank)
         metrics_parts = []
         batch = cache["batch"]
-        if batch is not None and self.advantages_on_actor:
-            kl = None
-            if self.reference is not None:
-                kl = N.kl_estimate(cache["old_log_probs"], cache["ref_log_probs"], "k1") * batch.response_mask
-            inputs = AdvantageInputs(
-                rewards=cache["fields"]["rewards"].float(), response_mask=batch.response_mask,
-                values=cache["fields"].get("values"), kl=kl, segment_sizes=seg,
-            )
+        if self.advantages_on_actor and (batch is not None or self.process_group is not None):
+            # Every rank reaches compute_advantages (its statistics are collectives), even one
+            # that holds no group this step.
+            if batch is None:
+                empty = torch.zeros((0, 1))
+                inputs = AdvantageInputs(
+                    rewards=torch.zeros(0), response_mask=empty.bool(),
+                    values=empty if with_values else None, kl=empty if self.reference is not None else None,
+                    segment_sizes=seg,
+                )
+            else:
+                kl = None
+                if self.reference is not None:
+                    kl = N.kl_estimate(cache["old_log_probs"], cache["ref_log_probs"], "k1") * batch.response_mask
+                inputs = AdvantageInputs(
+                    rewards=cache["fields"]["rewards"].float(), response_mask=batch.response_mask,
+                    values=cache["fields"].get("values"), kl=kl, segment_sizes=seg,
+                )
             advantages, _ = self.algorithm.compute_advantages(inputs, process_group=self.process_group)
             cache["fields"]["advantages"] = advantages
         for j, rows in enumerate(_offsets(seg)):
@@ -147,7 +185,12 @@ class ActorCore:
             metrics_parts.append(self._optimizer_step(cache, rows, sub, plan.global_tokens[j], plan.global_sequences[j]))
         t2 = time.perf_counter()
         metrics = {f"actor/{k}": v for k, v in _mean_metrics(metrics_parts).items()}
-        metrics.update({"time/actor/read_s": t1 - t0, "time/actor/optimize_s": t2 - t1})
+        metrics.update(extra_metrics)
+        metrics.update({
+            "time/actor/read_s": t1 - t0,  # shard read + old/reference log-probs
+            "time/actor/wait_advantages_s": t_adv - t1,
+            "time/actor/optimize_s": t2 - t_adv,
+        })
         weights = self.backend.export_weights() if (return_weights and self.rank == 0) else None
         return metrics, weights
 
@@ -194,9 +237,11 @@ class ActorCore:
 
 
 def _empty_batch(cache) -> TokenBatch:
-    """A zero-row batch shaped like any batch of the step (ranks without data in a mini-batch)."""
-    z = torch.zeros((0, 1), dtype=torch.long)
-    return TokenBatch(prompt_ids=z, prompt_mask=z.bool(), response_ids=z, response_mask=z.bool())
+    """One fully masked dummy row, for a rank that holds nothing of a mini-batch: it still runs a
+    forward/backward (zero loss, zero gradient) so that it joins the gradient all-reduce."""
+    one = torch.zeros((1, 1), dtype=torch.long)
+    return TokenBatch(prompt_ids=one, prompt_mask=torch.ones((1, 1), dtype=torch.bool), response_ids=one,
+                      response_mask=torch.zeros((1, 1), dtype=torch.bool))
 
 
 def _zero_loss(tlp):
@@ -215,6 +260,7 @@ class CriticCore:
         self.model = components.ValueModel(components.build_policy_model(config))
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.critic_lr, weight_decay=0.0)
         self.data_plane = data_plane
+        self.num_minibatches = num_minibatches(config)
         self._cache = None
 
     def values(self, step: int, plan: StepPlan) -> dict:
@@ -266,6 +312,11 @@ class CriticCore:
         return True
 
 
+def plan_from_rollout(roll: dict, num_minibatches: int, world_size: int) -> StepPlan:
+    """Every role derives the same plan from the rollout's result (a pure function)."""
+    return plan_step(roll["kept_uids"], roll["group_tokens"], roll["group_size"], num_minibatches, world_size)
+
+
 class _Attaching:
     def attach(self) -> bool:
         from relax.runtime.data_plane import TransferQueueDataPlane
@@ -275,7 +326,9 @@ class _Attaching:
 
 
 class ActorWorker(_Attaching, ActorCore):
-    """Ray actor for one data-parallel rank."""
+    """Ray actor for one data-parallel rank. Its entry points take the rollout's result (Ray
+    resolves the reference when the rollout finishes) and plan the step themselves, so the driver
+    can submit a whole step without waiting for any part of it."""
 
     def free_address(self) -> str:
         """``ip:port`` where this rank can host the process-group rendezvous."""
@@ -288,10 +341,33 @@ class ActorWorker(_Attaching, ActorCore):
             s.bind((ip, 0))
             return f"{ip}:{s.getsockname()[1]}"
 
-    def train_step(self, step: int, plan: StepPlan, with_values: bool = False):
-        """Ray entry point with two return values: (metrics, weights or None)."""
-        return self.train(step, plan, with_values=with_values)
+    def set_advantages_service(self, handle) -> bool:
+        self.advantages_service = handle
+        return True
+
+    def _plan(self, roll: dict) -> StepPlan:
+        return plan_from_rollout(roll, self.num_minibatches, self.world_size)
+
+    def prepare_step(self, step: int, roll: dict) -> dict:
+        plan = self._plan(roll)
+        return self.prepare(step, plan) if plan.num_groups else {}
+
+    def train_step(self, step: int, roll: dict, with_values: bool = False, with_kl: bool = False, *after):
+        """Two return values: (metrics, weights or None). ``after``: results this step waits for
+        (the prepare / critic-values calls)."""
+        plan = self._plan(roll)
+        if plan.num_groups == 0:
+            return {}, None  # every group was dropped: nothing to train on, weights unchanged
+        return self.train(step, plan, with_values=with_values, with_kl=with_kl)
 
 
 class CriticWorker(_Attaching, CriticCore):
-    """Ray actor of the critic."""
+    """Ray actor of the critic (takes the rollout's result, like ``ActorWorker``)."""
+
+    def values_step(self, step: int, roll: dict) -> dict:
+        plan = plan_from_rollout(roll, self.num_minibatches, 1)
+        return self.values(step, plan) if plan.num_groups else {}
+
+    def train_step(self, step: int, roll: dict) -> dict:
+        plan = plan_from_rollout(roll, self.num_minibatches, 1)
+        return self.train(step, plan) if plan.num_groups else {}

@@ -55,13 +55,13 @@ class RolloutCore:
             max_new_tokens=config.rollout_max_response_len,
         )
         self.data_plane = data_plane
-        self.last_step: int | None = None
 
     # -- one training step --
-    def step(self, step: int, weights=None) -> dict:
+    def step(self, step: int, weights=None, *after) -> dict:
+        """One rollout. ``after``: results of the previous step's consumers (Ray resolves them before
+        this runs, so the rollout never overtakes the training it depends on). The driver drops the
+        previous step's partition."""
         t0 = time.perf_counter()
-        if self.last_step is not None and self.data_plane is not None:
-            self.data_plane.clear(self.last_step)  # every consumer of the previous step is done
         if weights is not None:
             self.engine.load_weights(weights)
         n = self.config.algorithm.n_samples_per_prompt
@@ -107,7 +107,6 @@ class RolloutCore:
                 kept_ids,
             )
         t4 = time.perf_counter()
-        self.last_step = step
         tokens_per_group = batch.response_mask[keep].sum(1).view(-1, n).sum(1).tolist() if kept_uids else []
         generated = int(batch.response_mask.sum())
         metrics = reward_stats(rewards, group_ids, self.reward_keys)

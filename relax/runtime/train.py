@@ -22,8 +22,9 @@ import torch
 
 from relax.algorithms import load_algorithm
 from relax.runtime import roles as R
+from relax.runtime.data_plane import partition_name
 from relax.runtime.metrics import MetricsLog, summary_table
-from relax.runtime.schedule import plan_step
+from relax.runtime.actor_worker import num_minibatches, plan_from_rollout
 
 # Environment for Ray/TransferQueue on small machines (shared/notes/ray-and-transferqueue.md D.1).
 RAY_ENV_DEFAULTS = {
@@ -71,16 +72,6 @@ def _run_name(config) -> str:
 
 def output_dir_of(config) -> Path:
     return Path(config.output_dir) if config.output_dir else Path("outputs") / _run_name(config)
-
-
-def num_minibatches(config) -> int:
-    """Optimizer steps per rollout (the CLI fills ``num_steps_per_rollout``; derived here otherwise)."""
-    if config.num_steps_per_rollout:
-        return int(config.num_steps_per_rollout)
-    if config.global_batch_size:
-        total = config.rollout_batch_size * config.algorithm.n_samples_per_prompt
-        return max(1, total // config.global_batch_size)
-    return 1
 
 
 # -- checkpoints ----------------------------------------------------------------------------------
@@ -227,6 +218,8 @@ class Runtime:
             self.startup_times["serve_ready_s"] = self._serve_ready - t0
             if self.adv_handle is None:
                 raise WorkerDied(f"the advantages deployment failed to start: {self._serve_error}")
+            # rank 0 sends each step's request itself (see _Pipeline)
+            _get(self.actors[0].set_advantages_service.remote(self.adv_handle), "actor")
 
     def _deploy_advantages(self) -> None:
         from ray import serve
@@ -260,8 +253,11 @@ class Runtime:
                     ray.kill(handle)
         with contextlib.suppress(Exception):
             if self.data_plane is not None:
-                if self.last_step is not None:
-                    self.data_plane.clear(self.last_step)  # matters when TransferQueue outlives the run
+                if self.last_step is not None:  # stopped mid-step: drop what the steps in flight wrote
+                    for step in (self.last_step, self.last_step + 1):  # (matters when TQ outlives the run)
+                        with contextlib.suppress(Exception):
+                            if partition_name(step) in self.data_plane.client.get_partition_list():
+                                self.data_plane.clear(step)
                 self.data_plane.close()
         if self.started_ray:
             with contextlib.suppress(Exception):
@@ -325,16 +321,19 @@ def run(config) -> "RunSummary":
             range(start_step, config.num_rollout), desc="train", unit="step", disable=not config.progress,
             initial=start_step, total=config.num_rollout, file=sys.stderr, dynamic_ncols=True,
         )
-        weights = None
+        pipeline = _Pipeline(runtime, keys)
         for index in bar:
             step = index + 1
             runtime.last_step = step
-            row, weights = _one_step(runtime, step, weights, keys)
+            saving = bool(config.save_interval) and (step % config.save_interval == 0 or step == config.num_rollout)
+            row = pipeline.step(step, prefetch_next=step < config.num_rollout and not saving)
+            runtime.last_step = None  # the pipeline drops the finished step's partition itself
             log.write(row)
             steps_run += 1
             bar.set_postfix({_short(k): f"{row.get(f'reward/{k}/mean', float('nan')):.2f}" for k in keys}, refresh=False)
-            if config.save_interval and (step % config.save_interval == 0 or step == config.num_rollout):
+            if saving:
                 last_ckpt = _save(runtime, out, step)
+        pipeline.close()
         bar.close()
         t_end = time.perf_counter()
         table, stats = summary_table(log.rows, keys)
@@ -355,53 +354,86 @@ def run(config) -> "RunSummary":
         runtime.stop()
 
 
-def _one_step(rt: Runtime, step: int, weights, keys) -> tuple[dict, object]:
-    """One synchronous step; returns the metrics row and the new-weights reference (or None)."""
-    cfg, layout = rt.config, rt.layout
-    t0 = time.perf_counter()
-    roll = _get(rt.rollout.step.remote(step, weights), "rollout")
-    t1 = time.perf_counter()
-    plan = plan_step(roll["kept_uids"], roll["group_tokens"], roll["group_size"], num_minibatches(cfg),
-                     len(rt.actors))
-    row = {"step": step, **roll["metrics"]}
-    times = {"time/rollout_s": t1 - t0}
-    new_weights = None
-    if plan.num_groups == 0:
-        row["train/skipped"] = 1  # every group was dropped: nothing to train on, weights unchanged
-    else:
+class _Pipeline:
+    """Submits whole steps and collects their results; the driver never sits between two roles.
+
+    A step is a chain of Ray calls linked by object references: rollout -> [critic values,
+    reference KL] -> actor ranks (+ critic training). Each worker receives the rollout's result
+    and derives the same mini-batch plan from it; actor rank 0 sends the advantages request to the
+    Serve deployment itself and computes the old log-probs while the deployment works. The next
+    step's rollout is submitted before this step's results are awaited, with the new-weights
+    reference and this step's training results as arguments, so Ray starts it the moment training
+    ends. (Not across a checkpoint: the rollout state saved must be the one after this step.)
+    """
+
+    def __init__(self, rt: Runtime, keys):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.rt, self.keys = rt, keys
+        self.submitted: dict[int, dict] = {}
+        self.weights = None  # reference to the newest weights (None: the rollout keeps its own)
+        self.after: list = []  # the previous step's training results
+        self.t_last = time.perf_counter()
+        # Dropping a finished step's partition is off the critical path: a driver thread does it
+        # while the next step runs (TransferQueue's client is thread-safe: it runs its own loop).
+        self.clearer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="relax-clear")
+        self.clearing = None
+
+    def _submit(self, step: int) -> None:
+        rt, cfg, layout = self.rt, self.rt.config, self.rt.layout
+        roll = rt.rollout.step.remote(step, self.weights, *self.after)
         with_values = rt.critic is not None
         with_kl = R.REFERENCE in layout and cfg.algorithm.kl_in_reward
         on_actor = layout.placement[R.ADVANTAGES] == R.ON_ACTOR
         prep = []
         if with_kl and not on_actor:
-            prep += [a.prepare.remote(step, plan) for a in rt.actors]
+            prep += [a.prepare_step.remote(step, roll) for a in rt.actors]
         if with_values:
-            prep.append(rt.critic.values.remote(step, plan))
-        t2 = time.perf_counter()
-        if prep:
-            for part in _get(prep, "reference/critic"):
-                row.update(part)
-        t3 = time.perf_counter()
-        times["time/prepare_s"] = t3 - t2
-        if not on_actor:
-            try:
-                row.update(rt.adv_handle.compute.remote(step, plan.num_groups, plan.segment_sizes, with_values,
-                                                        with_kl).result())
-            except Exception as exc:
-                raise WorkerDied(f"the advantages deployment failed: {type(exc).__name__}: {exc}") from exc
-        t4 = time.perf_counter()
-        times["time/advantages_s"] = t4 - t3
-        outs = [a.train_step.options(num_returns=2).remote(step, plan, with_values) for a in rt.actors]
-        refs = [o[0] for o in outs] + ([rt.critic.train.remote(step, plan)] if with_values else [])
-        results = _get(refs, "actor/critic")
-        row.update(results[0])
-        if with_values:
-            row.update(results[-1])
+            prep.append(rt.critic.values_step.remote(step, roll))
+        outs = [a.train_step.options(num_returns=2).remote(step, roll, with_values, with_kl, *prep) for a in rt.actors]
+        critic = [rt.critic.train_step.remote(step, roll)] if with_values else []
+        train = [o[0] for o in outs] + critic
         new_weights = outs[0][1]
-        times["time/train_s"] = time.perf_counter() - t4
-    times["time/step_s"] = time.perf_counter() - t0
-    row.update(times)
-    return row, new_weights
+        self.submitted[step] = {"roll": roll, "prep": prep, "train": train, "t_submit": time.perf_counter()}
+        self.weights, self.after = new_weights, train
+
+    def _clear_later(self, step: int) -> None:
+        if self.clearing is not None:
+            self.clearing.result()  # surface an error of the previous clear here
+        self.clearing = self.clearer.submit(self.rt.data_plane.clear, step)
+
+    def step(self, step: int, prefetch_next: bool) -> dict:
+        if step not in self.submitted:
+            self._submit(step)
+        if prefetch_next:
+            self._submit(step + 1)
+        refs = self.submitted.pop(step)
+        roll = _get(refs["roll"], "rollout")
+        t_roll = time.perf_counter()
+        row = {"step": step, **roll["metrics"]}
+        for part in _get(refs["prep"], "reference/critic"):
+            row.update(part)
+        results = _get(refs["train"], "actor/critic")
+        now = time.perf_counter()
+        self._clear_later(step)  # every consumer of this step is done
+        for part in reversed(results):  # rank 0's metrics win
+            row.update(part)
+        plan = plan_from_rollout(roll, num_minibatches(self.rt.config), len(self.rt.actors))
+        if plan.num_groups == 0:
+            row["train/skipped"] = 1  # every group was dropped: nothing trained, weights unchanged
+        row.update({
+            "time/rollout_s": roll["metrics"]["time/rollout/total_s"],
+            "time/advantages_s": row.get("time/advantages/total_s", 0.0),
+            "time/train_s": now - t_roll,  # from the rollout's result to the last training result
+            "time/step_s": now - self.t_last,
+        })
+        self.t_last = now
+        return row
+
+    def close(self) -> None:
+        if self.clearing is not None:
+            self.clearing.result()
+        self.clearer.shutdown(wait=True)
 
 
 def _save(rt: Runtime, out: Path, step: int) -> Path:

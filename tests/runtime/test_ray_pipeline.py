@@ -170,5 +170,5 @@ def test_ppo_with_critic_and_reward_side_kl(ray_cluster, tmp_path):
     out = tmp_path / "ppo_kl"
     run(_config("ppo", out, algorithm={"kl_coef": 0.05}, num_rollout=2))
     rows = _rows(out)
-    _check_rows(rows, range(1, 3), extra=("time/prepare_s", "critic/value_loss", "actor/loss", "time/actor/prepare_s"))
+    _check_rows(rows, range(1, 3), extra=("time/critic/values_s", "critic/value_loss", "actor/loss", "time/actor/prepare_s"))
     assert all(r["critic/value_loss"] >= 0 for r in rows)

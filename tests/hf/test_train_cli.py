@@ -47,6 +47,7 @@ def test_relax_train_gdpo_on_a_tiny_random_hf_model(tmp_path):
         "--save-interval", "2", "--no-progress", "--output-dir", str(out),
     ]
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=280)
+    print(proc.stdout[-4000:], proc.stderr[-4000:])  # shown by pytest if anything below fails
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]

@@ -38,9 +38,18 @@ def build_random_checkpoint(directory: Path, hidden: int, layers: int, vocab: in
 
     tok = build_tokenizer(directory)
     config = Qwen3Config(
-        vocab_size=max(vocab, len(tok)), hidden_size=hidden, intermediate_size=3 * hidden, num_hidden_layers=layers,
-        num_attention_heads=max(hidden // 64, 2), num_key_value_heads=max(hidden // 128, 1), head_dim=64,
-        max_position_embeddings=1024, bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=True,
+        vocab_size=max(vocab, len(tok)),
+        hidden_size=hidden,
+        intermediate_size=3 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=max(hidden // 64, 2),
+        num_key_value_heads=max(hidden // 128, 1),
+        head_dim=64,
+        max_position_embeddings=1024,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+        tie_word_embeddings=True,
     )
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(config).save_pretrained(str(directory))
@@ -67,26 +76,34 @@ def time_generate(model, tok, prompts, params, seed, *, with_scores: bool) -> tu
     t0 = time.perf_counter()
     with torch.inference_mode():
         out = model.generate(
-            input_ids=ids, attention_mask=mask, do_sample=True, temperature=params.temperature, top_p=params.top_p,
-            top_k=0, max_new_tokens=params.max_new_tokens, eos_token_id=list(tok.stop_ids), pad_token_id=tok.pad_id,
-            output_scores=with_scores, return_dict_in_generate=with_scores,
+            input_ids=ids,
+            attention_mask=mask,
+            do_sample=True,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=0,
+            max_new_tokens=params.max_new_tokens,
+            eos_token_id=list(tok.stop_ids),
+            pad_token_id=tok.pad_id,
+            output_scores=with_scores,
+            return_dict_in_generate=with_scores,
         )
     _sync(device)
     elapsed = time.perf_counter() - t0
     seqs = out.sequences if with_scores else out
-    new = seqs[:, ids.shape[1]:]
+    new = seqs[:, ids.shape[1] :]
     # Real tokens: up to and including the first stop token of each row.
     is_stop = torch.isin(new, torch.tensor(tok.stop_ids, device=new.device))
     after_stop = (is_stop.long().cumsum(1) - is_stop.long()) > 0
     return elapsed, int((~after_stop).sum())
 
 
-TOY_REWARD = '''
+TOY_REWARD = """
 def reward(prompt, completion, label, metadata):
     stopped = completion.endswith("<eos>") or completion.endswith("<|im_end|>")
     text = completion.removesuffix("<eos>").removesuffix("<|im_end|>")
     return {"digits": sum(c.isdigit() for c in text) / max(len(text), 1), "stops": float(stopped)}
-'''
+"""
 
 
 def train_role_times(steps: int, *, hidden: int, layers: int, max_new_tokens: int) -> dict:
@@ -105,12 +122,41 @@ def train_role_times(steps: int, *, hidden: int, layers: int, max_new_tokens: in
         (tmp / "toy_reward.py").write_text(TOY_REWARD)
         env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
         env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-        cmd = ["relax", "train", "--advantage-estimator", "gdpo", "--hf-checkpoint", str(ckpt),
-               "--prompt-data", str(tmp / "prompts.jsonl"), "--input-key", "question", "--label-key", "answer",
-               "--apply-chat-template", "--custom-rm-path", "toy_reward:reward", "--reward-keys", "digits", "stops",
-               "--num-rollout", str(steps), "--rollout-batch-size", "8", "--n-samples-per-prompt", "4",
-               "--global-batch-size", "32", "--rollout-max-response-len", str(max_new_tokens), "--lr", "1e-3",
-               "--no-progress", "--output-dir", str(tmp / "out")]
+        cmd = [
+            "relax",
+            "train",
+            "--advantage-estimator",
+            "gdpo",
+            "--hf-checkpoint",
+            str(ckpt),
+            "--prompt-data",
+            str(tmp / "prompts.jsonl"),
+            "--input-key",
+            "question",
+            "--label-key",
+            "answer",
+            "--apply-chat-template",
+            "--custom-rm-path",
+            "toy_reward:reward",
+            "--reward-keys",
+            "digits",
+            "stops",
+            "--num-rollout",
+            str(steps),
+            "--rollout-batch-size",
+            "8",
+            "--n-samples-per-prompt",
+            "4",
+            "--global-batch-size",
+            "32",
+            "--rollout-max-response-len",
+            str(max_new_tokens),
+            "--lr",
+            "1e-3",
+            "--no-progress",
+            "--output-dir",
+            str(tmp / "out"),
+        ]
         subprocess.run(cmd, cwd=tmp, env=env, check=True, capture_output=True, text=True)
         rows = [json.loads(line) for line in (tmp / "out" / "metrics.jsonl").read_text().splitlines()]
     rows = rows[1:] or rows  # the first step pays one-time costs (allocations, lazy imports)
@@ -135,20 +181,27 @@ def main(argv=None) -> dict:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--train-steps", type=int, default=0, help="also time a relax train run of this many steps")
+    parser.add_argument(
+        "--train-steps", type=int, default=0, help="also time a relax train run of this many steps"
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(args.checkpoint) if args.checkpoint else build_random_checkpoint(
-            Path(tmp), args.hidden, args.layers, args.vocab)
+        path = (
+            Path(args.checkpoint)
+            if args.checkpoint
+            else build_random_checkpoint(Path(tmp), args.hidden, args.layers, args.vocab)
+        )
         model = load_hf_model(path, dtype=args.dtype, device=device)
         tok = load_hf_tokenizer(path)
     engine = HFEngine(model, tok, device=device)
     g = torch.Generator().manual_seed(0)
     vocab = min(model.config.vocab_size, tok.vocab_size)
     lengths = torch.randint(args.prompt_len // 2, args.prompt_len + 1, (args.batch,), generator=g)
-    prompts = [[tok.bos_id or 1] + torch.randint(5, vocab, (int(n) - 1,), generator=g).tolist() for n in lengths]
+    prompts = [
+        [tok.bos_id or 1] + torch.randint(5, vocab, (int(n) - 1,), generator=g).tolist() for n in lengths
+    ]
     params = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=args.max_new_tokens)
 
     time_engine(engine, prompts, params, 0)  # warm-up (allocator, kernels)
@@ -158,9 +211,12 @@ def main(argv=None) -> dict:
     for r in range(args.repeats):  # interleaved, so machine load hits all three alike
         per_repeat.append({})
         for name, fn in (
-            ("hf_engine", lambda: time_engine(engine, prompts, params, r)),
-            ("generate", lambda: time_generate(model, tok, prompts, params, r, with_scores=False)),
-            ("generate_with_scores", lambda: time_generate(model, tok, prompts, params, r, with_scores=True)),
+            ("hf_engine", lambda r=r: time_engine(engine, prompts, params, r)),
+            ("generate", lambda r=r: time_generate(model, tok, prompts, params, r, with_scores=False)),
+            (
+                "generate_with_scores",
+                lambda r=r: time_generate(model, tok, prompts, params, r, with_scores=True),
+            ),
         ):
             seconds, tokens = fn()
             best[name] = max(best[name], tokens / seconds)
@@ -176,13 +232,16 @@ def main(argv=None) -> dict:
         "ratio_vs_generate_with_scores": round(best["hf_engine"] / best["generate_with_scores"], 3),
         # Median over repeats of the ratio within one repeat: robust to load that drifts between repeats.
         "paired_ratio_median_vs_generate": round(
-            statistics.median(x["hf_engine"] / x["generate"] for x in per_repeat), 3),
+            statistics.median(x["hf_engine"] / x["generate"] for x in per_repeat), 3
+        ),
         "paired_ratio_median_vs_generate_with_scores": round(
-            statistics.median(x["hf_engine"] / x["generate_with_scores"] for x in per_repeat), 3),
+            statistics.median(x["hf_engine"] / x["generate_with_scores"] for x in per_repeat), 3
+        ),
     }
     if args.train_steps:
         result["train_step_seconds_by_role"] = train_role_times(
-            args.train_steps, hidden=args.hidden, layers=args.layers, max_new_tokens=args.max_new_tokens)
+            args.train_steps, hidden=args.hidden, layers=args.layers, max_new_tokens=args.max_new_tokens
+        )
     print(json.dumps(result, indent=2))
     return result
 

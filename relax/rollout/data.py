@@ -44,7 +44,9 @@ class PromptDataError(ValueError):
     def __init__(self, path: str, errors: list[tuple[int, str]], unit: str):
         self.errors = errors
         shown = "\n".join(f"  {unit} {line}: {msg}" for line, msg in errors[:MAX_LISTED_ERRORS])
-        more = f"\n  ... and {len(errors) - MAX_LISTED_ERRORS} more" if len(errors) > MAX_LISTED_ERRORS else ""
+        more = (
+            f"\n  ... and {len(errors) - MAX_LISTED_ERRORS} more" if len(errors) > MAX_LISTED_ERRORS else ""
+        )
         super().__init__(
             f"--prompt-data {path}: {len(errors)} bad {unit}{'s' if len(errors) != 1 else ''} "
             f"(fix or remove them; nothing is skipped silently):\n{shown}{more}"
@@ -211,7 +213,7 @@ class PromptDataset:
         text = self._prompt_text(row[self.input_key])
         try:
             ids = self.tokenizer.encode(text)
-        except Exception as exc:  # any tokenizer failure is this row's fault
+        except Exception as exc:  # noqa: BLE001 - any tokenizer failure is this row's fault, reported by line
             raise _RowError(f"the tokenizer failed on {_short(text)}: {exc}") from None
         if len(ids) == 0:
             raise _RowError(f"the prompt {_short(text)} has no tokens")
@@ -225,7 +227,9 @@ class PromptDataset:
             messages = [{"role": "user", "content": value + self.prompt_suffix}]
         elif isinstance(value, list):
             if not self.apply_chat_template:
-                raise _RowError(f"--input-key {key!r} holds a list of messages; that needs --apply-chat-template")
+                raise _RowError(
+                    f"--input-key {key!r} holds a list of messages; that needs --apply-chat-template"
+                )
             messages = _check_messages(value, key)
             users = [i for i, m in enumerate(messages) if m["role"] == "user"]
             if not users:
@@ -234,14 +238,18 @@ class PromptDataset:
                 last = users[-1]
                 messages[last] = {**messages[last], "content": messages[last]["content"] + self.prompt_suffix}
         else:
-            raise _RowError(f"--input-key {key!r} must be a string or a list of messages, got {type(value).__name__}")
+            raise _RowError(
+                f"--input-key {key!r} must be a string or a list of messages, got {type(value).__name__}"
+            )
         if self.system_prompt is not None:
             if any(m["role"] == "system" for m in messages):
-                raise _RowError("the row has its own system message and --system-prompt is set; keep one of them")
+                raise _RowError(
+                    "the row has its own system message and --system-prompt is set; keep one of them"
+                )
             messages = [{"role": "system", "content": self.system_prompt}, *messages]
         try:
             return self.tokenizer.apply_chat_template(messages)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - a template error is this row's, reported by line
             raise _RowError(f"the chat template failed: {exc}") from None
 
 
@@ -261,8 +269,14 @@ def _short(text: str, limit: int = 60) -> str:
 def _check_messages(value: list, key: str) -> list[dict]:
     messages = []
     for i, m in enumerate(value):
-        if not isinstance(m, Mapping) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-            raise _RowError(f"--input-key {key!r}: message {i} must be {{'role': str, 'content': str}}, got {m!r}")
+        if (
+            not isinstance(m, Mapping)
+            or not isinstance(m.get("role"), str)
+            or not isinstance(m.get("content"), str)
+        ):
+            raise _RowError(
+                f"--input-key {key!r}: message {i} must be {{'role': str, 'content': str}}, got {m!r}"
+            )
         messages.append(dict(m))
     return messages
 
@@ -308,7 +322,12 @@ class PromptIterator:
         return [next(self) for _ in range(n)]
 
     def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "position": self.position, "seed": self.seed, "num_prompts": len(self.prompts)}
+        return {
+            "epoch": self.epoch,
+            "position": self.position,
+            "seed": self.seed,
+            "num_prompts": len(self.prompts),
+        }
 
     def load_state_dict(self, state: Mapping[str, int]) -> None:
         if state.get("num_prompts") != len(self.prompts) or state.get("seed") != self.seed:

@@ -13,7 +13,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 pytest.importorskip("transformers", reason="the hf extra (transformers) is not installed")
 
 sys.path.insert(0, str(Path(__file__).parent))
-from tiny_checkpoints import build_checkpoint  # noqa: E402
+from tiny_checkpoints import build_checkpoint
 
 FAMILIES = ("llama", "qwen2", "qwen3")
 

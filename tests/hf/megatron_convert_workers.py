@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).parent))
-from tiny_checkpoints import model_config  # noqa: E402
+from tiny_checkpoints import model_config
 
 VOCAB = 47  # odd on purpose: with tp=2 Megatron pads the vocab to 48
 

@@ -71,16 +71,25 @@ def test_no_label_key_and_missing_metadata_key(tmp_path):
 
 
 def test_max_prompt_len_drops_and_counts_with_a_warning(tmp_path):
-    rows = addition_rows(3) + [{"prompt": "<bos>1+2+3+4=", "label": 10}, {"prompt": "<bos>11+22=", "label": 33}]
+    rows = addition_rows(3) + [
+        {"prompt": "<bos>1+2+3+4=", "label": 10},
+        {"prompt": "<bos>11+22=", "label": 33},
+    ]
     path = write_jsonl(tmp_path / "d.jsonl", rows)
-    with pytest.warns(UserWarning, match=r"dropped 2 of 5 prompts longer than --max-prompt-len 5 tokens, e\.g\. "
-                                          r"line 4 \(9 tokens\), line 5 \(7 tokens\)"):
+    with pytest.warns(
+        UserWarning,
+        match=r"dropped 2 of 5 prompts longer than --max-prompt-len 5 tokens, e\.g\. "
+        r"line 4 \(9 tokens\), line 5 \(7 tokens\)",
+    ):
         ds = PromptDataset(path, TinyTokenizer(), max_prompt_len=5)
     assert ds.num_too_long == 2 and len(ds) == 3 and ds.line_numbers == [1, 2, 3]
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert PromptDataset(path, TinyTokenizer(), max_prompt_len=9).num_too_long == 0
-    with pytest.raises(ValueError, match="no usable prompt"), pytest.warns(UserWarning, match="dropped 5 of 5"):
+    with (
+        pytest.raises(ValueError, match="no usable prompt"),
+        pytest.warns(UserWarning, match="dropped 5 of 5"),
+    ):
         PromptDataset(path, TinyTokenizer(), max_prompt_len=2)
 
 
@@ -91,14 +100,26 @@ def test_prompt_suffix_without_template(tmp_path):
 
 def test_chat_template_system_prompt_and_suffix(tmp_path, checkpoints):
     tok = load_hf_tokenizer(checkpoints["qwen3"])
-    path = write_jsonl(tmp_path / "d.jsonl", [
-        {"question": "what is 3 + 4", "answer": "7"},
-        {"question": [{"role": "user", "content": "hello"}], "answer": "hi"},
-    ])
-    ds = PromptDataset(path, tok, input_key="question", label_key="answer", apply_chat_template=True,
-                       system_prompt="you are a helpful bot", prompt_suffix=" ?")
-    assert ds[0].text == ("<bos><|im_start|> system : you are a helpful bot <|im_end|> "
-                          "<|im_start|> user : what is 3 + 4 ? <|im_end|> <|im_start|> assistant : ")
+    path = write_jsonl(
+        tmp_path / "d.jsonl",
+        [
+            {"question": "what is 3 + 4", "answer": "7"},
+            {"question": [{"role": "user", "content": "hello"}], "answer": "hi"},
+        ],
+    )
+    ds = PromptDataset(
+        path,
+        tok,
+        input_key="question",
+        label_key="answer",
+        apply_chat_template=True,
+        system_prompt="you are a helpful bot",
+        prompt_suffix=" ?",
+    )
+    assert ds[0].text == (
+        "<bos><|im_start|> system : you are a helpful bot <|im_end|> "
+        "<|im_start|> user : what is 3 + 4 ? <|im_end|> <|im_start|> assistant : "
+    )
     assert ds[1].text.endswith("<|im_start|> user : hello ? <|im_end|> <|im_start|> assistant : ")
     assert ds.prompt_lengths[0] == len(tok.encode(ds[0].text))
     assert tok.encode(ds[0].text).count(tok.bos_id) == 1
@@ -106,15 +127,20 @@ def test_chat_template_system_prompt_and_suffix(tmp_path, checkpoints):
 
 def test_chat_template_errors(tmp_path, checkpoints):
     tok = load_hf_tokenizer(checkpoints["qwen3"])
-    path = write_jsonl(tmp_path / "d.jsonl", [
-        {"prompt": [{"role": "system", "content": "a"}, {"role": "user", "content": "b"}], "label": 1},
-        {"prompt": [{"role": "user"}], "label": 1},
-    ])
+    path = write_jsonl(
+        tmp_path / "d.jsonl",
+        [
+            {"prompt": [{"role": "system", "content": "a"}, {"role": "user", "content": "b"}], "label": 1},
+            {"prompt": [{"role": "user"}], "label": 1},
+        ],
+    )
     with pytest.raises(PromptDataError) as info:
         PromptDataset(path, tok, apply_chat_template=True, system_prompt="s")
     assert [n for n, _ in info.value.errors] == [1, 2]
     assert "own system message" in str(info.value) and "message 0 must be" in str(info.value)
-    with pytest.raises(PromptDataError, match="line 1: --input-key 'prompt' holds a list of messages; that needs"):
+    with pytest.raises(
+        PromptDataError, match="line 1: --input-key 'prompt' holds a list of messages; that needs"
+    ):
         PromptDataset(path, tok)
     with pytest.raises(ValueError, match="--system-prompt needs --apply-chat-template"):
         PromptDataset(path, tok, system_prompt="s")
@@ -126,15 +152,23 @@ def test_parquet(tmp_path, checkpoints):
     pq = pytest.importorskip("pyarrow.parquet", reason="pyarrow is not installed")
     import pyarrow as pa
 
-    table = pa.table({"prompt": ["hello", None, "what is 1 + 1"], "label": ["a", "b", "c"],
-                      "meta": ['{"id": 1}', '{"id": 2}', '{"id": 3}']})
+    table = pa.table(
+        {
+            "prompt": ["hello", None, "what is 1 + 1"],
+            "label": ["a", "b", "c"],
+            "meta": ['{"id": 1}', '{"id": 2}', '{"id": 3}'],
+        }
+    )
     pq.write_table(table, tmp_path / "d.parquet")
     tok = load_hf_tokenizer(checkpoints["llama"])
     with pytest.raises(PromptDataError, match="(?s)1 bad row .*row 2: --input-key 'prompt' must be a string"):
         PromptDataset(tmp_path / "d.parquet", tok, metadata_key="meta")
     pq.write_table(table.filter(pa.array([True, False, True])), tmp_path / "ok.parquet")
     ds = PromptDataset(tmp_path / "ok.parquet", tok, metadata_key="meta")
-    assert [(p.text, p.label, dict(p.metadata)) for p in ds] == [("hello", "a", {"id": 1}), ("what is 1 + 1", "c", {"id": 3})]
+    assert [(p.text, p.label, dict(p.metadata)) for p in ds] == [
+        ("hello", "a", {"id": 1}),
+        ("what is 1 + 1", "c", {"id": 3}),
+    ]
 
 
 def test_parquet_without_pyarrow_says_how_to_install(tmp_path, monkeypatch):
@@ -194,4 +228,6 @@ def test_iterator_from_run_config(tmp_path):
     it = prompt_iterator_from_config(config, TinyTokenizer())
     got = it.next_batch(6)
     assert sorted(p.label for p in got) == [1, 3, 5, 7, 9, 11]
-    assert texts(got) == texts(PromptIterator(PromptDataset(path, TinyTokenizer()).prompts, seed=5).next_batch(6))
+    assert texts(got) == texts(
+        PromptIterator(PromptDataset(path, TinyTokenizer()).prompts, seed=5).next_batch(6)
+    )

@@ -100,7 +100,8 @@ def test_same_seed_same_output_and_different_seed_differs(checkpoints):
 def test_sampling_log_probs_equal_an_unpadded_plain_forward(checkpoints, family, temperature, top_p):
     engine = make_engine(checkpoints[family])
     gen = engine.generate(
-        encode_all(engine.tokenizer), SamplingParams(max_new_tokens=8, temperature=temperature, top_p=top_p),
+        encode_all(engine.tokenizer),
+        SamplingParams(max_new_tokens=8, temperature=temperature, top_p=top_p),
         torch.Generator().manual_seed(5),
     )
     ref = unpadded_reference_log_probs(engine.model, gen, temperature, top_p)
@@ -112,8 +113,9 @@ def test_greedy_matches_argmax_of_a_plain_forward(checkpoints):
     gen = engine.generate(encode_all(engine.tokenizer, 1), SamplingParams(temperature=0.0, max_new_tokens=6))
     b = gen.batch
     with torch.no_grad():
-        logits = engine.model(input_ids=b.input_ids, attention_mask=b.attention_mask.long(),
-                              position_ids=b.position_ids).logits
+        logits = engine.model(
+            input_ids=b.input_ids, attention_mask=b.attention_mask.long(), position_ids=b.position_ids
+        ).logits
     greedy = logits[:, b.prompt_width - 1 : -1].argmax(-1)
     assert torch.equal(b.response_ids[b.response_mask], greedy[b.response_mask])
     assert (gen.log_probs == 0).all()  # a point mass
@@ -137,7 +139,7 @@ def test_sample_categorical_draws_the_given_distribution():
 
 def test_top_p_filter_hand_computed():
     logits = torch.log(torch.tensor([[0.15, 0.5, 0.05, 0.3]]))
-    kept = lambda p: torch.isfinite(top_p_filter(logits, p))[0].tolist()  # noqa: E731
+    kept = lambda p: torch.isfinite(top_p_filter(logits, p))[0].tolist()
     assert kept(1.0) == [True, True, True, True]
     assert kept(0.75) == [False, True, False, True]  # 0.5 + 0.3 reaches 0.75
     assert kept(0.85) == [True, True, False, True]

@@ -73,4 +73,6 @@ def test_tiny_random_byte_level_checkpoint(tmp_path):
     im_end = tok.hf.convert_tokens_to_ids("<|im_end|>")
     assert tok.stop_ids == (tok.eos_id, im_end)  # generation_config lists both
     model = load_hf_model(path)
-    assert model.config.tie_word_embeddings and 100_000 < sum(p.numel() for p in model.parameters()) < 1_000_000
+    assert (
+        model.config.tie_word_embeddings and 100_000 < sum(p.numel() for p in model.parameters()) < 1_000_000
+    )

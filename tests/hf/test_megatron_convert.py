@@ -12,13 +12,15 @@ import torch
 
 pytestmark = [
     pytest.mark.megatron,
-    pytest.mark.skipif(importlib.util.find_spec("megatron.core") is None, reason="megatron-core is not installed"),
+    pytest.mark.skipif(
+        importlib.util.find_spec("megatron.core") is None, reason="megatron-core is not installed"
+    ),
 ]
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "megatron"))
 sys.path.insert(0, str(Path(__file__).parent))
-import megatron_convert_workers as W  # noqa: E402
-from megatron_harness import run_distributed  # noqa: E402
+import megatron_convert_workers as W
+from megatron_harness import run_distributed
 
 ATOL = 3e-5  # float32 noise between two attention / RoPE implementations, logits of magnitude ~10
 
@@ -69,10 +71,21 @@ def test_unsupported_configs_are_rejected():
 
     with pytest.raises(ValueError, match="model_type='mistral'"):
         hf_to_megatron({}, MistralConfig())
-    scaled = LlamaConfig(rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                       "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})
+    scaled = LlamaConfig(
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        }
+    )
     with pytest.raises(ValueError, match="rope_scaling"):
         hf_to_megatron({}, scaled)
     with pytest.raises(KeyError, match="missing"):
-        hf_to_megatron({}, LlamaConfig(num_hidden_layers=1, hidden_size=8, num_attention_heads=2,
-                                       intermediate_size=16, vocab_size=10))
+        hf_to_megatron(
+            {},
+            LlamaConfig(
+                num_hidden_layers=1, hidden_size=8, num_attention_heads=2, intermediate_size=16, vocab_size=10
+            ),
+        )

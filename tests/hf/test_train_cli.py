@@ -34,19 +34,58 @@ def test_relax_train_gdpo_on_a_tiny_random_hf_model(tmp_path):
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env.setdefault("RAY_TMPDIR", f"/tmp/r_hf_{os.getpid()}")
-    env.update(RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",
-               TQ_NUM_THREADS="2", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+    env.update(
+        RAY_AUTH_MODE="disabled",
+        RAY_USAGE_STATS_ENABLED="0",
+        RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",
+        TQ_NUM_THREADS="2",
+        OMP_NUM_THREADS="1",
+        HF_HUB_OFFLINE="1",
+    )
     cmd = [
-        "relax", "train", "--advantage-estimator", "gdpo",
-        "--hf-checkpoint", str(ckpt),
-        "--prompt-data", str(data), "--input-key", "question", "--label-key", "answer",
-        "--apply-chat-template", "--system-prompt", "Answer with a number.", "--max-prompt-len", "200",
-        "--custom-rm-path", "toy_reward:reward", "--reward-keys", "digits", "stops",
-        "--num-rollout", "2", "--rollout-batch-size", "4", "--n-samples-per-prompt", "4",
-        "--global-batch-size", "16", "--rollout-max-response-len", "16", "--lr", "1e-3",
-        "--save-interval", "2", "--no-progress", "--output-dir", str(out),
+        "relax",
+        "train",
+        "--advantage-estimator",
+        "gdpo",
+        "--hf-checkpoint",
+        str(ckpt),
+        "--prompt-data",
+        str(data),
+        "--input-key",
+        "question",
+        "--label-key",
+        "answer",
+        "--apply-chat-template",
+        "--system-prompt",
+        "Answer with a number.",
+        "--max-prompt-len",
+        "200",
+        "--custom-rm-path",
+        "toy_reward:reward",
+        "--reward-keys",
+        "digits",
+        "stops",
+        "--num-rollout",
+        "2",
+        "--rollout-batch-size",
+        "4",
+        "--n-samples-per-prompt",
+        "4",
+        "--global-batch-size",
+        "16",
+        "--rollout-max-response-len",
+        "16",
+        "--lr",
+        "1e-3",
+        "--save-interval",
+        "2",
+        "--no-progress",
+        "--output-dir",
+        str(out),
     ]
-    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=280)
+    proc = subprocess.run(
+        cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=280, check=False
+    )
     print(proc.stdout[-4000:], proc.stderr[-4000:])  # shown by pytest if anything below fails
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -57,9 +96,13 @@ def test_relax_train_gdpo_on_a_tiny_random_hf_model(tmp_path):
         assert all(r[key] > 0 for r in trained), key
 
     # The runtime's checkpoint holds the HF module's state_dict: export it with save_pretrained.
-    state = torch.load(out / "checkpoints" / "step_000002" / "state.pt", map_location="cpu", weights_only=False)
+    state = torch.load(
+        out / "checkpoints" / "step_000002" / "state.pt", map_location="cpu", weights_only=False
+    )
     weights = state["actor"]["backend"]["model"]
     exported = export_hf_checkpoint(weights, ckpt, tmp_path / "hf-export")
     trained_model, initial = load_hf_model(exported), load_hf_model(ckpt)
-    changed = [k for k, v in initial.state_dict().items() if not torch.equal(v, trained_model.state_dict()[k])]
+    changed = [
+        k for k, v in initial.state_dict().items() if not torch.equal(v, trained_model.state_dict()[k])
+    ]
     assert changed, "the exported checkpoint equals the initial weights: no optimizer step reached it"

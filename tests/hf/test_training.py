@@ -44,8 +44,11 @@ def setup(checkpoints, request):
 @pytest.mark.parametrize("setup", ["llama", "qwen2", "qwen3", "llama-tied"], indirect=True)
 def test_backend_log_probs_equal_plain_forward_and_engine(setup):
     _, tok, engine, backend = setup
-    gen = engine.generate([tok.encode(p) for p in PROMPTS] * 2, SamplingParams(max_new_tokens=8),
-                          torch.Generator().manual_seed(1))
+    gen = engine.generate(
+        [tok.encode(p) for p in PROMPTS] * 2,
+        SamplingParams(max_new_tokens=8),
+        torch.Generator().manual_seed(1),
+    )
     scored = backend.compute_log_probs(gen.batch, with_entropy=True)
     torch.testing.assert_close(scored.log_probs, plain_log_probs(backend.model, gen.batch), atol=2e-5, rtol=0)
     torch.testing.assert_close(scored.log_probs, gen.log_probs, atol=2e-5, rtol=0)
@@ -76,12 +79,16 @@ def prob_of_token(backend, batch, token_id):
     return float(probs[batch.response_mask].mean())
 
 
-@pytest.mark.parametrize("name,keys,weights", [("grpo", ("yes",), None), ("gdpo", ("yes", "digits"), (1.0, 0.5))])
+@pytest.mark.parametrize(
+    "name,keys,weights", [("grpo", ("yes",), None), ("gdpo", ("yes", "digits"), (1.0, 0.5))]
+)
 def test_a_few_rl_steps_raise_the_rewarded_token(setup, name, keys, weights):
     """Rollout -> rewards -> normalize_rewards -> compute_advantages -> policy_loss steps -> weight
     sync, exactly the pipeline's order; the rewarded token must become more likely."""
     _, tok, engine, backend = setup
-    algo = get_algorithm(name)(AlgorithmConfig(n_samples_per_prompt=8, reward_keys=keys, reward_weights=weights))
+    algo = get_algorithm(name)(
+        AlgorithmConfig(n_samples_per_prompt=8, reward_keys=keys, reward_weights=weights)
+    )
     params = SamplingParams(max_new_tokens=6)
     generator = torch.Generator().manual_seed(0)
     prompt_ids = [tok.encode(p) for p in PROMPTS]
@@ -97,18 +104,26 @@ def test_a_few_rl_steps_raise_the_rewarded_token(setup, name, keys, weights):
         rows = keep.nonzero().squeeze(1)
         batch = gen.batch.select(rows)
         scalar = algo.normalize_rewards(rewards[rows], group_ids[rows])
-        advantages, _ = algo.compute_advantages(AdvantageInputs(rewards=scalar, response_mask=batch.response_mask))
+        advantages, _ = algo.compute_advantages(
+            AdvantageInputs(rewards=scalar, response_mask=batch.response_mask)
+        )
         old = backend.compute_log_probs(batch).log_probs
         # On-policy: the engine's sampling log-probs are the trainer's old log-probs.
         torch.testing.assert_close(old, gen.log_probs[rows], atol=5e-5, rtol=0)
         n_tokens = float(batch.response_mask.sum())
 
         def loss_fn(lp, sl, batch=batch, old=old, advantages=advantages, n_tokens=n_tokens):
-            return algo.policy_loss(PolicyLossInputs(
-                log_probs=lp.log_probs, old_log_probs=old[sl], advantages=advantages[sl],
-                response_mask=batch.response_mask[sl], entropy=lp.entropy,
-                global_num_tokens=n_tokens, global_num_sequences=float(len(batch)),
-            ))
+            return algo.policy_loss(
+                PolicyLossInputs(
+                    log_probs=lp.log_probs,
+                    old_log_probs=old[sl],
+                    advantages=advantages[sl],
+                    response_mask=batch.response_mask[sl],
+                    entropy=lp.entropy,
+                    global_num_tokens=n_tokens,
+                    global_num_sequences=float(len(batch)),
+                )
+            )
 
         metrics = backend.train_step(batch, loss_fn, micro_batch_size=16)
         assert metrics["grad_norm"] > 0
@@ -117,12 +132,14 @@ def test_a_few_rl_steps_raise_the_rewarded_token(setup, name, keys, weights):
     assert after > 2 * before, (before, after)
     # The engine holds the trained weights: its sampling log-probs match the trainer again.
     gen = engine.generate(samples[:8], params, generator)
-    torch.testing.assert_close(backend.compute_log_probs(gen.batch).log_probs, gen.log_probs, atol=5e-5, rtol=0)
+    torch.testing.assert_close(
+        backend.compute_log_probs(gen.batch).log_probs, gen.log_probs, atol=5e-5, rtol=0
+    )
 
 
 @pytest.mark.parametrize("setup", ["qwen3", "llama-tied"], indirect=True)
 def test_save_pretrained_checkpoint_reloads_identically(setup, tmp_path):
-    path, tok, engine, backend = setup
+    path, tok, _, backend = setup
     with torch.no_grad():  # make the weights differ from the source checkpoint
         for p in backend.model.parameters():
             p.add_(0.01 * torch.randn_like(p))
@@ -130,13 +147,16 @@ def test_save_pretrained_checkpoint_reloads_identically(setup, tmp_path):
     reloaded = load_hf_model(out)
     ids = torch.tensor([tok.encode("add the numbers 1 and 2 please")])
     with torch.no_grad():
-        torch.testing.assert_close(reloaded(input_ids=ids).logits, backend.model(input_ids=ids).logits, atol=0, rtol=0)
+        torch.testing.assert_close(
+            reloaded(input_ids=ids).logits, backend.model(input_ids=ids).logits, atol=0, rtol=0
+        )
     assert load_hf_tokenizer(out).encode("hello world") == tok.encode("hello world")
     # From exported weights only (a process that does not hold the HF module).
     out2 = export_hf_checkpoint(backend.export_weights(), path, tmp_path / "ckpt2")
     with torch.no_grad():
-        torch.testing.assert_close(load_hf_model(out2)(input_ids=ids).logits, backend.model(input_ids=ids).logits,
-                                   atol=0, rtol=0)
+        torch.testing.assert_close(
+            load_hf_model(out2)(input_ids=ids).logits, backend.model(input_ids=ids).logits, atol=0, rtol=0
+        )
     # Plain transformers loads it too (nothing relax-specific in the directory).
     from transformers import AutoModelForCausalLM
 

@@ -33,9 +33,17 @@ def build_tokenizer(directory: str | Path):
 
     vocab = {tok: i for i, tok in enumerate(SPECIAL + WORDS)}
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    core.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.Punctuation()])
+    core.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.WhitespaceSplit(),
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.Punctuation(),
+        ]
+    )
     # Like Llama: a BOS is prepended by tokenizer(text) (add_special_tokens=True).
-    core.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", vocab["<bos>"])])
+    core.post_processor = processors.TemplateProcessing(
+        single="<bos> $A", special_tokens=[("<bos>", vocab["<bos>"])]
+    )
     tok = PreTrainedTokenizerFast(
         tokenizer_object=core,
         bos_token="<bos>",
@@ -56,7 +64,9 @@ def model_config(family: str, vocab_size: int, *, tie: bool = False):
     return _model_config(family, vocab_size, tie=tie)
 
 
-def build_checkpoint(directory: str | Path, family: str = "llama", *, seed: int = 0, tie: bool = False) -> Path:
+def build_checkpoint(
+    directory: str | Path, family: str = "llama", *, seed: int = 0, tie: bool = False
+) -> Path:
     """Write a random ``family`` model + the tiny tokenizer to ``directory`` (``save_pretrained``)."""
     from transformers import AutoModelForCausalLM
 

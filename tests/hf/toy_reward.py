@@ -11,6 +11,6 @@ REWARD_KEYS = ("digits", "stops")
 
 
 def reward(prompt: str, completion: str, label, metadata) -> dict[str, float]:
-    stops = completion.endswith("<eos>") or completion.endswith("<|im_end|>")
+    stops = completion.endswith(("<eos>", "<|im_end|>"))
     text = completion.removesuffix("<eos>").removesuffix("<|im_end|>")
     return {"digits": sum(c.isdigit() for c in text) / max(len(text), 1), "stops": float(stops)}

@@ -59,19 +59,19 @@ def _hf_dims(hf_config) -> dict:
     head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
     if heads % groups:
         raise ValueError(f"num_attention_heads {heads} is not a multiple of num_key_value_heads {groups}")
-    return dict(
-        model_type=model_type,
-        hidden=hf_config.hidden_size,
-        heads=heads,
-        groups=groups,
-        head_dim=head_dim,
-        ffn=hf_config.intermediate_size,
-        layers=hf_config.num_hidden_layers,
-        vocab=hf_config.vocab_size,
-        tied=bool(getattr(hf_config, "tie_word_embeddings", False)),
-        qkv_bias=model_type == "qwen2" or bool(getattr(hf_config, "attention_bias", False)),
-        qk_norm=model_type == "qwen3",
-    )
+    return {
+        "model_type": model_type,
+        "hidden": hf_config.hidden_size,
+        "heads": heads,
+        "groups": groups,
+        "head_dim": head_dim,
+        "ffn": hf_config.intermediate_size,
+        "layers": hf_config.num_hidden_layers,
+        "vocab": hf_config.vocab_size,
+        "tied": bool(getattr(hf_config, "tie_word_embeddings", False)),
+        "qkv_bias": model_type == "qwen2" or bool(getattr(hf_config, "attention_bias", False)),
+        "qk_norm": model_type == "qwen3",
+    }
 
 
 def _rope_scaling(hf_config):
@@ -96,7 +96,9 @@ def padded_vocab_size(vocab_size: int, tp_size: int) -> int:
     return -(-vocab_size // tp_size) * tp_size
 
 
-def hf_transformer_config(hf_config, *, tp_size: int = 1, pp_size: int = 1, params_dtype=torch.float32, **overrides):
+def hf_transformer_config(
+    hf_config, *, tp_size: int = 1, pp_size: int = 1, params_dtype=torch.float32, **overrides
+):
     """The Megatron ``TransformerConfig`` that computes what the HF model computes (dropout 0, no fusions)."""
     from megatron.core.transformer import TransformerConfig
 
@@ -107,37 +109,37 @@ def hf_transformer_config(hf_config, *, tp_size: int = 1, pp_size: int = 1, para
         )
     if dims["layers"] % pp_size:
         raise ValueError(f"--pipeline-model-parallel-size {pp_size} must divide {dims['layers']} layers")
-    kwargs = dict(
-        num_layers=dims["layers"],
-        hidden_size=dims["hidden"],
-        num_attention_heads=dims["heads"],
-        num_query_groups=dims["groups"],
-        kv_channels=dims["head_dim"],
-        ffn_hidden_size=dims["ffn"],
-        tensor_model_parallel_size=tp_size,
-        pipeline_model_parallel_size=pp_size,
-        normalization="RMSNorm",
-        layernorm_epsilon=hf_config.rms_norm_eps,
-        add_bias_linear=False,
-        add_qkv_bias=dims["qkv_bias"],
-        qk_layernorm=dims["qk_norm"],
-        gated_linear_unit=True,
-        activation_func=F.silu,
-        hidden_dropout=0.0,
-        attention_dropout=0.0,
-        apply_query_key_layer_scaling=False,
-        attention_softmax_in_fp32=True,
-        params_dtype=params_dtype,
-        pipeline_dtype=params_dtype,
-        use_cpu_initialization=True,
-        perform_initialization=False,  # every weight is overwritten by the converted checkpoint
-        bias_activation_fusion=False,
-        masked_softmax_fusion=False,
-        bias_dropout_fusion=False,
-        gradient_accumulation_fusion=False,
-        apply_rope_fusion=False,
-        persist_layer_norm=False,
-    )
+    kwargs = {
+        "num_layers": dims["layers"],
+        "hidden_size": dims["hidden"],
+        "num_attention_heads": dims["heads"],
+        "num_query_groups": dims["groups"],
+        "kv_channels": dims["head_dim"],
+        "ffn_hidden_size": dims["ffn"],
+        "tensor_model_parallel_size": tp_size,
+        "pipeline_model_parallel_size": pp_size,
+        "normalization": "RMSNorm",
+        "layernorm_epsilon": hf_config.rms_norm_eps,
+        "add_bias_linear": False,
+        "add_qkv_bias": dims["qkv_bias"],
+        "qk_layernorm": dims["qk_norm"],
+        "gated_linear_unit": True,
+        "activation_func": F.silu,
+        "hidden_dropout": 0.0,
+        "attention_dropout": 0.0,
+        "apply_query_key_layer_scaling": False,
+        "attention_softmax_in_fp32": True,
+        "params_dtype": params_dtype,
+        "pipeline_dtype": params_dtype,
+        "use_cpu_initialization": True,
+        "perform_initialization": False,  # every weight is overwritten by the converted checkpoint
+        "bias_activation_fusion": False,
+        "masked_softmax_fusion": False,
+        "bias_dropout_fusion": False,
+        "gradient_accumulation_fusion": False,
+        "apply_rope_fusion": False,
+        "persist_layer_norm": False,
+    }
     kwargs.update(overrides)
     return TransformerConfig(**kwargs)
 
@@ -197,8 +199,10 @@ def _layer_pairs(dims: dict) -> list[tuple[str, str]]:
         ("mlp.down_proj.weight", "mlp.linear_fc2.weight"),
     ]
     if dims["qk_norm"]:
-        pairs += [("self_attn.q_norm.weight", "self_attention.q_layernorm.weight"),
-                  ("self_attn.k_norm.weight", "self_attention.k_layernorm.weight")]
+        pairs += [
+            ("self_attn.q_norm.weight", "self_attention.q_layernorm.weight"),
+            ("self_attn.k_norm.weight", "self_attention.k_layernorm.weight"),
+        ]
     return pairs
 
 
@@ -217,14 +221,18 @@ def expected_hf_names(hf_config) -> list[str]:
     return names
 
 
-def hf_to_megatron(state: Mapping[str, torch.Tensor], hf_config, *, tp_size: int = 1) -> dict[str, torch.Tensor]:
+def hf_to_megatron(
+    state: Mapping[str, torch.Tensor], hf_config, *, tp_size: int = 1
+) -> dict[str, torch.Tensor]:
     """HF ``state_dict`` -> whole Megatron tensors. Unknown or missing names raise ``KeyError``
     (a tied ``lm_head.weight`` copy in ``state`` is accepted and ignored)."""
     dims = _hf_dims(hf_config)
     expected = expected_hf_names(hf_config)
     ignorable = {"lm_head.weight"} if dims["tied"] else set()
     missing = [k for k in expected if k not in state]
-    unexpected = [k for k in state if k not in set(expected) | ignorable and not k.endswith("rotary_emb.inv_freq")]
+    unexpected = [
+        k for k in state if k not in set(expected) | ignorable and not k.endswith("rotary_emb.inv_freq")
+    ]
     if missing or unexpected:
         raise KeyError(
             f"not a {dims['model_type']} state dict matching its config: missing {missing[:5]}, "
@@ -249,7 +257,9 @@ def hf_to_megatron(state: Mapping[str, torch.Tensor], hf_config, *, tp_size: int
         for kind in kinds:
             q, k, v = (state[f"{h}self_attn.{x}_proj.{kind}"] for x in "qkv")
             out[f"{m}self_attention.linear_qkv.{kind}"] = _fuse_qkv(q, k, v, dims)
-        out[m + "mlp.linear_fc1.weight"] = torch.cat([state[h + "mlp.gate_proj.weight"], state[h + "mlp.up_proj.weight"]])
+        out[m + "mlp.linear_fc1.weight"] = torch.cat(
+            [state[h + "mlp.gate_proj.weight"], state[h + "mlp.up_proj.weight"]]
+        )
     return {k: v.detach().clone().contiguous() for k, v in out.items()}
 
 

@@ -27,8 +27,10 @@ def save_hf_checkpoint(
     """``model.save_pretrained(directory)`` plus the tokenizer (given, or loaded from ``tokenizer_source``,
     usually the ``--hf-checkpoint`` the run started from). Returns the directory."""
     if tokenizer is None and tokenizer_source is None:
-        raise ValueError("save_hf_checkpoint needs tokenizer= or tokenizer_source= (a checkpoint without a "
-                         "tokenizer cannot be used with --hf-checkpoint)")
+        raise ValueError(
+            "save_hf_checkpoint needs tokenizer= or tokenizer_source= (a checkpoint without a "
+            "tokenizer cannot be used with --hf-checkpoint)"
+        )
     if not hasattr(model, "save_pretrained"):
         raise TypeError(f"{type(model).__name__} is not a transformers model (no save_pretrained)")
     out = Path(directory)

@@ -35,8 +35,8 @@ def left_pad(prompt_ids: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Te
     ids = torch.full((len(prompt_ids), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(prompt_ids), width), dtype=torch.bool)
     for i, row in enumerate(prompt_ids):
-        ids[i, width - len(row):] = torch.as_tensor(list(row), dtype=torch.long)
-        mask[i, width - len(row):] = True
+        ids[i, width - len(row) :] = torch.as_tensor(list(row), dtype=torch.long)
+        mask[i, width - len(row) :] = True
     return ids, mask
 
 
@@ -103,7 +103,9 @@ class HFEngine(GenerationEngine):
     (``pad_id``, mask false, log-prob 0). The loop ends early once every row has stopped.
     """
 
-    def __init__(self, model: torch.nn.Module, tokenizer: HFTokenizer, *, device: str | torch.device | None = None):
+    def __init__(
+        self, model: torch.nn.Module, tokenizer: HFTokenizer, *, device: str | torch.device | None = None
+    ):
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
@@ -135,8 +137,12 @@ class HFEngine(GenerationEngine):
         response_mask = torch.zeros((n, params.max_new_tokens), dtype=torch.bool, device=dev)
 
         logits, cache = self._call(
-            self.model, None, input_ids=prompt.to(dev), attention_mask=attention[:, :width],
-            position_ids=positions, logits_to_keep=1,
+            self.model,
+            None,
+            input_ids=prompt.to(dev),
+            attention_mask=attention[:, :width],
+            position_ids=positions,
+            logits_to_keep=1,
         )
         for t in range(params.max_new_tokens):
             if params.temperature == 0:  # greedy: the sampled distribution is a point mass (log-prob 0)
@@ -156,7 +162,10 @@ class HFEngine(GenerationEngine):
             # Stopped rows keep feeding padding that nothing attends to (mask false).
             attention[:, width + t] = response_mask[:, t]
             logits, cache = self._call(
-                self.model, cache, input_ids=chosen[:, None], attention_mask=attention[:, : width + t + 1],
+                self.model,
+                cache,
+                input_ids=chosen[:, None],
+                attention_mask=attention[:, : width + t + 1],
                 position_ids=(next_position + t)[:, None],
             )
         longest = max(int(response_mask.sum(dim=1).max()), 1)
@@ -171,7 +180,9 @@ class HFEngine(GenerationEngine):
     def decode_responses(self, generation: Generation) -> list[str]:
         """The completion text of every row (real tokens only, special tokens such as EOS kept)."""
         b = generation.batch
-        return [self.tokenizer.decode(ids[mask].tolist()) for ids, mask in zip(b.response_ids, b.response_mask)]
+        return [
+            self.tokenizer.decode(ids[mask].tolist()) for ids, mask in zip(b.response_ids, b.response_mask)
+        ]
 
     @torch.no_grad()
     def load_weights(self, weights: Mapping[str, torch.Tensor]) -> None:

@@ -41,7 +41,9 @@ def hf_policy_model(config, *, device=None, dtype=torch.float32) -> torch.nn.Mod
 
 def hf_reference_model(config, *, device=None, dtype=torch.float32) -> torch.nn.Module:
     """The frozen reference: ``--ref-load`` if given, else ``--hf-checkpoint``."""
-    path, flag = (config.ref_load, "--ref-load") if config.ref_load else (config.hf_checkpoint, "--hf-checkpoint")
+    path, flag = (
+        (config.ref_load, "--ref-load") if config.ref_load else (config.hf_checkpoint, "--hf-checkpoint")
+    )
     if not path:
         raise ValueError("a reference model needs --ref-load or --hf-checkpoint")
     model = load_hf_model(path, dtype=dtype, device=device or default_device(), flag=flag)

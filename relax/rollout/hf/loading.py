@@ -52,8 +52,14 @@ def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
     """``"float32" | "bfloat16" | "float16" | torch.dtype | None`` -> ``torch.dtype`` (None: the default)."""
     if dtype is None or isinstance(dtype, torch.dtype):
         return dtype
-    names = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
-             "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+    names = {
+        "float32": torch.float32,
+        "fp32": torch.float32,
+        "bfloat16": torch.bfloat16,
+        "bf16": torch.bfloat16,
+        "float16": torch.float16,
+        "fp16": torch.float16,
+    }
     try:
         return names[str(dtype)]
     except KeyError:

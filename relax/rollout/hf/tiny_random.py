@@ -30,20 +30,20 @@ def model_config(family: str, vocab_size: int, *, tie: bool = False, hidden: int
     Special token ids follow ``SPECIAL_TOKENS``: pad 0, bos 1, eos 2."""
     from transformers import LlamaConfig, Qwen2Config, Qwen3Config
 
-    common = dict(
-        vocab_size=vocab_size,
-        hidden_size=hidden,
-        intermediate_size=2 * hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=1024,
-        rms_norm_eps=1e-6,
-        tie_word_embeddings=tie,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=0,
-    )
+    common = {
+        "vocab_size": vocab_size,
+        "hidden_size": hidden,
+        "intermediate_size": 2 * hidden,
+        "num_hidden_layers": layers,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 1024,
+        "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": tie,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "pad_token_id": 0,
+    }
     if family == "llama":
         return LlamaConfig(**common, rope_theta=10000.0)
     if family == "qwen2":
@@ -67,7 +67,10 @@ def build_byte_tokenizer():
     core.decoder = decoders.ByteLevel()
     core.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 1)])
     tok = PreTrainedTokenizerFast(
-        tokenizer_object=core, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>",
+        tokenizer_object=core,
+        bos_token="<bos>",
+        eos_token="<eos>",
+        pad_token="<pad>",
         additional_special_tokens=["<|im_start|>", "<|im_end|>"],
     )
     tok.chat_template = CHAT_TEMPLATE
@@ -75,7 +78,12 @@ def build_byte_tokenizer():
 
 
 def build_tiny_random_checkpoint(
-    directory: str | Path, family: str = "qwen3", *, seed: int = 0, tie: bool = False, hidden: int = 128,
+    directory: str | Path,
+    family: str = "qwen3",
+    *,
+    seed: int = 0,
+    tie: bool = False,
+    hidden: int = 128,
     layers: int = 2,
 ) -> Path:
     """Write tokenizer + random model to ``directory`` with ``save_pretrained``; return the path."""
@@ -86,7 +94,9 @@ def build_tiny_random_checkpoint(
     tok = build_byte_tokenizer()
     tok.save_pretrained(str(directory))
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(model_config(family, len(tok), tie=tie, hidden=hidden, layers=layers))
+    model = AutoModelForCausalLM.from_config(
+        model_config(family, len(tok), tie=tie, hidden=hidden, layers=layers)
+    )
     # Chat models stop on <|im_end|> as well as <eos> (as Qwen's generation_config.json lists both).
     model.generation_config.eos_token_id = [2, tok.convert_tokens_to_ids("<|im_end|>")]
     model.save_pretrained(str(directory))
@@ -102,8 +112,14 @@ def main(argv=None) -> None:
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--tie-word-embeddings", action="store_true")
     args = parser.parse_args(argv)
-    path = build_tiny_random_checkpoint(args.directory, args.family, seed=args.seed, tie=args.tie_word_embeddings,
-                                        hidden=args.hidden, layers=args.layers)
+    path = build_tiny_random_checkpoint(
+        args.directory,
+        args.family,
+        seed=args.seed,
+        tie=args.tie_word_embeddings,
+        hidden=args.hidden,
+        layers=args.layers,
+    )
     print(f"wrote a random {args.family} checkpoint to {path}")
 
 

@@ -61,9 +61,15 @@ def sample_categorical(log_probs: torch.Tensor, generator: torch.Generator | Non
     a decoding step on CPU for a 4k vocabulary (measured in ``benchmarks/hf_rollout.py``). A token of
     probability 0 (outside the top-p nucleus) is never returned: the search finds the first entry
     whose cumulative mass exceeds the draw, and such an entry adds positive mass.
+
+    The uniforms are drawn on the generator's own device and then moved, so a CPU generator (the
+    rollout worker's, whose state is checkpointed) drives a GPU model, and one seed gives the same
+    draws on every device.
     """
     cdf = log_probs.double().exp().cumsum(dim=-1)
-    u = torch.rand((log_probs.shape[0], 1), generator=generator, device=log_probs.device, dtype=torch.float64)
+    draw_device = generator.device if generator is not None else log_probs.device
+    u = torch.rand((log_probs.shape[0], 1), generator=generator, device=draw_device, dtype=torch.float64)
+    u = u.to(log_probs.device)
     return torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(1).clamp_(max=log_probs.shape[-1] - 1)
 
 
@@ -122,8 +128,6 @@ class HFEngine(GenerationEngine):
         prompt, prompt_mask = left_pad(prompt_ids, pad_id)
         n = prompt.shape[0]
         dev = self.device
-        if generator is not None and generator.device.type != dev.type:
-            raise ValueError(f"the generator is on {generator.device} but the model is on {dev}")
 
         width = prompt.shape[1]
         # One mask buffer for prompt + response columns; step t attends to its first width + t + 1.

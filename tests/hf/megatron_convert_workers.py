@@ -59,11 +59,9 @@ def convert_and_compare(rank: int, world: int, cases) -> dict:
     from relax.backends.megatron.backend import init_parallel_state
     from relax.backends.megatron.hf_convert import (
         build_hf_gpt_model,
-        hf_to_megatron,
+        gather_hf_state,
         hf_transformer_config,
-        megatron_to_hf,
-        tp_slice,
-        tp_unslice,
+        load_hf_state_into,
     )
 
     _cpu_compat.apply()
@@ -74,30 +72,22 @@ def convert_and_compare(rank: int, world: int, cases) -> dict:
         cfg, hf = random_hf_model(family, tie)
         with torch.no_grad():
             ref = hf(input_ids=ids, attention_mask=mask.long(), position_ids=positions).logits
-        full = hf_to_megatron(hf.state_dict(), cfg, tp_size=world)
+        group = dist.group.WORLD
         with _cpu_compat.cpu_device_scope():
             mg = build_hf_gpt_model(cfg, hf_transformer_config(cfg, tp_size=world)).eval()
-            local = {k: v for k, v in mg.state_dict().items() if not k.endswith("_extra_state")}
-            missing = set(local) ^ set(full)
-            if missing:
-                raise KeyError(f"Megatron / converted names differ: {sorted(missing)}")
+            local = mg.state_dict()
+            load_hf_state_into(local, hf.state_dict(), cfg, tp_rank=rank, tp_size=world)
             with torch.no_grad():
-                for name, target in local.items():
-                    target.copy_(tp_slice(name, full[name], tp_rank=rank, tp_size=world))
                 logits = mg(ids, positions, megatron_mask(mask))
         # Gather the vocab-parallel logits and every weight shard back.
         parts = [torch.empty_like(logits) for _ in range(world)]
         dist.all_gather(parts, logits.contiguous())
-        gathered = {}
-        for name, tensor in local.items():
-            shards = [torch.empty_like(tensor) for _ in range(world)]
-            dist.all_gather(shards, tensor.detach().contiguous())
-            gathered[name] = tp_unslice(name, shards)
+        round_trip = gather_hf_state(local, cfg, tp_group=group if world > 1 else None)
         results[(family, tie)] = {
             "ref": ref,
             "megatron": torch.cat(parts, dim=-1)[..., :VOCAB],
             "mask": mask,
             "hf_state": {k: v.detach().clone() for k, v in hf.state_dict().items()},
-            "round_trip": megatron_to_hf(gathered, cfg),
+            "round_trip": round_trip,
         }
     return results

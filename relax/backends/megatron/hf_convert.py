@@ -332,3 +332,98 @@ def tp_unslice(name: str, parts: list[torch.Tensor]) -> torch.Tensor:
         if name.endswith(suffix):
             return torch.cat(parts, dim=dim)
     return parts[0]
+
+
+# ------------------------------------------------------------------------------------------------
+# One rank's module state <-> HF state dict (what a Megatron backend calls).
+# ------------------------------------------------------------------------------------------------
+
+
+def _renumber_layer(name: str, offset: int) -> str:
+    """``decoder.layers.{i}.`` -> ``decoder.layers.{i + offset}.`` (pipeline stages number locally)."""
+    prefix = "decoder.layers."
+    if not name.startswith(prefix) or offset == 0:
+        return name
+    index, rest = name[len(prefix) :].split(".", 1)
+    return f"{prefix}{int(index) + offset}.{rest}"
+
+
+def load_hf_state_into(
+    targets: Mapping[str, torch.Tensor],
+    hf_state: Mapping[str, torch.Tensor],
+    hf_config,
+    *,
+    tp_rank: int = 0,
+    tp_size: int = 1,
+    layer_offset: int = 0,
+) -> None:
+    """Copy an HF ``state_dict`` into this rank's Megatron tensors ``targets`` (module ``state_dict``
+    names, local layer numbers; ``_extra_state`` entries are skipped), in place.
+
+    A pipeline last stage with tied embeddings holds ``output_layer.weight`` as its copy of the
+    embedding: it gets the embedding's rows."""
+    full = hf_to_megatron(hf_state, hf_config, tp_size=tp_size)
+    used: set[str] = set()
+    with torch.no_grad():
+        for name, target in targets.items():
+            if name.endswith("_extra_state"):
+                continue
+            source = _renumber_layer(name, layer_offset)
+            if source == "output_layer.weight" and source not in full:
+                source = "embedding.word_embeddings.weight"
+            if source not in full:
+                raise KeyError(f"no HF tensor maps to Megatron parameter {name!r} (global name {source!r})")
+            part = tp_slice(source, full[source], tp_rank=tp_rank, tp_size=tp_size)
+            if part.shape != target.shape:
+                raise ValueError(
+                    f"{name}: converted shard {tuple(part.shape)} != parameter {tuple(target.shape)}"
+                )
+            target.copy_(part)
+            used.add(source)
+    # Every converted tensor of this rank's layers must have found a parameter: one left over means
+    # the Megatron model lacks a part of the HF model (e.g. built without qk_layernorm).
+    local_layers = {
+        _renumber_layer(n, layer_offset).split(".")[2] for n in targets if n.startswith("decoder.layers.")
+    }
+    unused = [
+        k
+        for k in full
+        if k not in used
+        and (k.split(".")[2] in local_layers if k.startswith("decoder.layers.") else _stage_holds(k, targets))
+    ]
+    if unused:
+        raise KeyError(f"converted HF tensors without a Megatron parameter on this rank: {unused[:5]}")
+
+
+def _stage_holds(name: str, targets: Mapping[str, torch.Tensor]) -> bool:
+    """Does this pipeline stage hold the non-layer tensor ``name`` (embedding: first stage; final
+    norm and output layer: last stage)?"""
+    return name in targets or (
+        name == "embedding.word_embeddings.weight" and "output_layer.weight" in targets
+    )
+
+
+def gather_hf_state(
+    local: Mapping[str, torch.Tensor], hf_config, *, tp_group=None, pp_group=None, layer_offset: int = 0
+) -> dict[str, torch.Tensor]:
+    """The whole model as an HF ``state_dict`` from every rank's Megatron tensors (a collective over
+    the tensor- and pipeline-parallel groups; without groups, ``local`` is the whole model)."""
+    import torch.distributed as dist
+
+    tp_size = dist.get_world_size(tp_group) if tp_group is not None else 1
+    tied = _hf_dims(hf_config)["tied"]
+    mine: dict[str, torch.Tensor] = {}
+    for name, tensor in local.items():
+        if name.endswith("_extra_state") or (tied and name == "output_layer.weight"):
+            continue  # a tied output layer is a synced copy of the embedding
+        tensor = tensor.detach().contiguous()
+        if tp_size > 1 and any(name.endswith(s) for s in _SHARD_DIM):
+            parts = [torch.empty_like(tensor) for _ in range(tp_size)]
+            dist.all_gather(parts, tensor, group=tp_group)
+            tensor = tp_unslice(name, parts)
+        mine[_renumber_layer(name, layer_offset)] = tensor.clone()
+    if pp_group is not None and dist.get_world_size(pp_group) > 1:
+        stages: list = [None] * dist.get_world_size(pp_group)
+        dist.all_gather_object(stages, mine, group=pp_group)
+        mine = {k: v for stage in stages for k, v in stage.items()}
+    return megatron_to_hf(mine, hf_config)

@@ -352,9 +352,8 @@ class ActorWorker(_Attaching, ActorCore):
         plan = self._plan(roll)
         return self.prepare(step, plan) if plan.num_groups else {}
 
-    def train_step(self, step: int, roll: dict, with_values: bool = False, with_kl: bool = False, *after):
-        """Two return values: (metrics, weights or None). ``after``: results this step waits for
-        (the prepare / critic-values calls)."""
+    def train_step(self, step: int, roll: dict, with_values: bool = False, with_kl: bool = False):
+        """Two return values: (metrics, weights or None)."""
         plan = self._plan(roll)
         if plan.num_groups == 0:
             return {}, None  # every group was dropped: nothing to train on, weights unchanged

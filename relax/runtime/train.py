@@ -123,7 +123,9 @@ def _start_ray(config) -> bool:
 
     if ray.is_initialized():
         return False  # e.g. the test session's shared cluster: use it, leave it running
-    kwargs = dict(include_dashboard=False, log_to_driver=True, runtime_env=_runtime_env(config))
+    # Worker logs reach the driver (errors must be visible); Ray's and Serve's INFO chatter does not.
+    kwargs = dict(include_dashboard=False, log_to_driver=True, logging_level="WARNING",
+                  runtime_env=_runtime_env(config))
     if config.ray_address:
         ray.init(address=config.ray_address, **kwargs)
     else:
@@ -226,12 +228,14 @@ class Runtime:
 
         from relax.runtime.advantages import APP_NAME, make_deployment
 
+        import logging
+
+        logging.getLogger("ray.serve").setLevel(logging.WARNING)
+        quiet = {"enable_access_log": False, "log_level": "WARNING"}
         try:
-            serve.start(proxy_location="Disabled")
+            serve.start(proxy_location="Disabled", logging_config=quiet)
             app = make_deployment().bind(self.config.advantage_estimator, self.config.algorithm)
-            self.adv_handle = serve.run(
-                app, name=APP_NAME, route_prefix=None, logging_config={"enable_access_log": False}
-            )
+            self.adv_handle = serve.run(app, name=APP_NAME, route_prefix=None, logging_config=quiet)
             self.serve_app = APP_NAME
             self._serve_ready = time.perf_counter()
         except Exception as exc:  # reported by start() on the main thread
@@ -390,7 +394,10 @@ class _Pipeline:
             prep += [a.prepare_step.remote(step, roll) for a in rt.actors]
         if with_values:
             prep.append(rt.critic.values_step.remote(step, roll))
-        outs = [a.train_step.options(num_returns=2).remote(step, roll, with_values, with_kl, *prep) for a in rt.actors]
+        # No dependency on `prep`: every read of values / KL (the deployment's, or the actor's own
+        # with advantages on the actor) waits in the data plane until they are written, so the old
+        # log-probs are computed while the critic works.
+        outs = [a.train_step.options(num_returns=2).remote(step, roll, with_values, with_kl) for a in rt.actors]
         critic = [rt.critic.train_step.remote(step, roll)] if with_values else []
         train = [o[0] for o in outs] + critic
         new_weights = outs[0][1]

@@ -172,3 +172,32 @@ def test_ppo_with_critic_and_reward_side_kl(ray_cluster, tmp_path):
     rows = _rows(out)
     _check_rows(rows, range(1, 3), extra=("time/critic/values_s", "critic/value_loss", "actor/loss", "time/actor/prepare_s"))
     assert all(r["critic/value_loss"] >= 0 for r in rows)
+
+
+@pytest.mark.timeout(240)
+def test_all_groups_dropped_still_logs_and_a_failing_reward_stops_the_run_clearly(ray_cluster, tmp_path, monkeypatch):
+    # Step 1: a constant reward -> GRPO finds no signal in any group -> nothing is trained, the
+    # step is still logged. Step 2: the reward function raises -> the run stops with an error
+    # that names the sample, instead of hanging.
+    (ray_cluster / "my_relax_rewards.py").write_text(textwrap.dedent('''
+        def flaky(prompt, completion, label, metadata):
+            if metadata["index"] >= 4:  # the second step's prompts
+                raise RuntimeError("judge unavailable")
+            return 0.5
+    '''))
+    monkeypatch.chdir(ray_cluster)
+    out = tmp_path / "dropped"
+    cfg = RunConfig(
+        advantage_estimator="grpo",
+        algorithm=AlgorithmConfig(reward_keys=("reward",), n_samples_per_prompt=4),
+        rollout_batch_size=4, num_steps_per_rollout=2, num_rollout=2, seed=3,
+        custom_rm_path="my_relax_rewards:flaky", output_dir=str(out), progress=False,
+    )
+    from relax.runtime.train import WorkerDied
+
+    with pytest.raises(WorkerDied, match=r"rollout.*sample 0.*judge unavailable"):
+        run(cfg)
+    rows = _rows(out)
+    assert [r["step"] for r in rows] == [1]
+    assert rows[0]["train/skipped"] == 1 and rows[0]["rollout/groups_dropped"] == 4
+    assert rows[0]["reward/reward/zero_std_frac"] == 1.0

@@ -35,15 +35,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bare_loop import make_algorithm, run_bare_loop  # noqa: E402
+from bare_loop import make_algorithm, run_bare_loop
 
-from relax.algorithms import AlgorithmConfig  # noqa: E402
-from relax.rollout.base import SamplingParams  # noqa: E402
-from relax.rollout.tasks import get_task  # noqa: E402
-from relax.rollout.tiny.engine import TinyEngine  # noqa: E402
-from relax.rollout.tiny.warmup import load_warmup_model  # noqa: E402
-from relax.runtime.config import RunConfig  # noqa: E402
-from relax.runtime.train import run  # noqa: E402
+from relax.algorithms import AlgorithmConfig
+from relax.rollout.base import SamplingParams
+from relax.rollout.tasks import get_task
+from relax.rollout.tiny.engine import TinyEngine
+from relax.rollout.tiny.warmup import load_warmup_model
+from relax.runtime.config import RunConfig
+from relax.runtime.train import run
 
 PROMPTS, SAMPLES, MINIBATCHES = 32, 8, 2
 WARMUP_STEPS = 5

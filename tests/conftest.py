@@ -11,6 +11,7 @@ started afterwards can import it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 import warnings
@@ -54,11 +55,9 @@ def ray_cluster():
     try:
         yield user_dir
     finally:
-        try:
+        with contextlib.suppress(Exception):  # nothing to shut down when no test deployed an app
             from ray import serve
 
             serve.shutdown()
-        except Exception:
-            pass
         data_plane.close()
         ray.shutdown()

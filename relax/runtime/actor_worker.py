@@ -342,6 +342,9 @@ class ActorWorker(_Attaching, ActorCore):
             return f"{ip}:{s.getsockname()[1]}"
 
     def set_advantages_service(self, handle) -> bool:
+        import logging
+
+        logging.getLogger("ray.serve").setLevel(logging.WARNING)  # no INFO line per new router
         self.advantages_service = handle
         return True
 

@@ -104,7 +104,7 @@ class TransferQueueDataPlane:
         self._owner = False
 
     # -- life cycle --
-    def start(self) -> "TransferQueueDataPlane":
+    def start(self) -> TransferQueueDataPlane:
         """Start TransferQueue in this Ray cluster, or join the one already running there (then
         this process does not own it and ``close`` leaves it up, e.g. a test session's shared one)."""
         import ray
@@ -120,7 +120,7 @@ class TransferQueueDataPlane:
         self._owner = not exists
         return self
 
-    def attach(self) -> "TransferQueueDataPlane":
+    def attach(self) -> TransferQueueDataPlane:
         import transfer_queue as tq
 
         tq.init()

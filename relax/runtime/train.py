@@ -22,9 +22,9 @@ import torch
 
 from relax.algorithms import load_algorithm
 from relax.runtime import roles as R
+from relax.runtime.actor_worker import num_minibatches, plan_from_rollout
 from relax.runtime.data_plane import partition_name
 from relax.runtime.metrics import MetricsLog, summary_table
-from relax.runtime.actor_worker import num_minibatches, plan_from_rollout
 
 # Environment for Ray/TransferQueue on small machines (shared/notes/ray-and-transferqueue.md D.1).
 RAY_ENV_DEFAULTS = {
@@ -124,8 +124,8 @@ def _start_ray(config) -> bool:
     if ray.is_initialized():
         return False  # e.g. the test session's shared cluster: use it, leave it running
     # Worker logs reach the driver (errors must be visible); Ray's and Serve's INFO chatter does not.
-    kwargs = dict(include_dashboard=False, log_to_driver=True, logging_level="WARNING",
-                  runtime_env=_runtime_env(config))
+    kwargs = {"include_dashboard": False, "log_to_driver": True, "logging_level": "WARNING",
+              "runtime_env": _runtime_env(config)}
     if config.ray_address:
         ray.init(address=config.ray_address, **kwargs)
     else:
@@ -188,7 +188,7 @@ class Runtime:
         t0 = time.perf_counter()
         self.started_ray = _start_ray(cfg)
         self.startup_times["ray_init_s"] = time.perf_counter() - t0
-        opts = dict(num_cpus=WORKER_CPUS, max_restarts=0)
+        opts = {"num_cpus": WORKER_CPUS, "max_restarts": 0}
         # Spawn every worker first: their processes start and import torch in parallel with the
         # TransferQueue and Serve start-up below.
         self.rollout = ray.remote(RolloutWorker).options(**opts).remote(cfg, spec)
@@ -224,11 +224,11 @@ class Runtime:
             _get(self.actors[0].set_advantages_service.remote(self.adv_handle), "actor")
 
     def _deploy_advantages(self) -> None:
+        import logging
+
         from ray import serve
 
         from relax.runtime.advantages import APP_NAME, make_deployment
-
-        import logging
 
         logging.getLogger("ray.serve").setLevel(logging.WARNING)
         quiet = {"enable_access_log": False, "log_level": "WARNING"}
@@ -238,7 +238,7 @@ class Runtime:
             self.adv_handle = serve.run(app, name=APP_NAME, route_prefix=None, logging_config=quiet)
             self.serve_app = APP_NAME
             self._serve_ready = time.perf_counter()
-        except Exception as exc:  # reported by start() on the main thread
+        except Exception as exc:  # noqa: BLE001 - reported by start() on the main thread
             self._serve_error = f"{type(exc).__name__}: {exc}"
 
     def stop(self) -> None:
@@ -275,7 +275,7 @@ def _short(key: str) -> str:
     return key[:4]
 
 
-def run(config) -> "RunSummary":
+def run(config) -> RunSummary:
     """Train with ``config`` (a ``RunConfig``); returns a ``RunSummary``."""
     t_start = time.perf_counter()
     torch.set_num_threads(1)

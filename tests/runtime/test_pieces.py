@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+from memory_plane import MemoryDataPlane
 
 from relax.algorithms import AlgorithmConfig, get_algorithm
 from relax.runtime.actor_worker import ActorCore
@@ -17,8 +18,6 @@ from relax.runtime.metrics import MetricsLog, reward_stats, summary_table
 from relax.runtime.rollout_worker import RolloutCore, filter_groups
 from relax.runtime.sampler import GROUP_SIZE, GROUP_UID, SAMPLE_INDEX, PromptGroupSampler, select_groups
 from relax.runtime.schedule import plan_step
-
-from memory_plane import MemoryDataPlane
 
 KEYS = ("correct", "digits", "format", "length")
 
@@ -151,13 +150,13 @@ def test_metrics_log_resume_drops_steps_after_the_checkpoint(tmp_path):
 
 
 def _run_config(algo: str, **kw) -> RunConfig:
-    base = dict(
-        advantage_estimator=algo,
-        algorithm=AlgorithmConfig(reward_keys=KEYS, n_samples_per_prompt=4),
-        rollout_batch_size=6,
-        num_steps_per_rollout=2,
-        seed=7,
-    )
+    base = {
+        "advantage_estimator": algo,
+        "algorithm": AlgorithmConfig(reward_keys=KEYS, n_samples_per_prompt=4),
+        "rollout_batch_size": 6,
+        "num_steps_per_rollout": 2,
+        "seed": 7,
+    }
     base.update(kw)
     return RunConfig(**base)
 

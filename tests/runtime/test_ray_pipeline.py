@@ -12,6 +12,7 @@ import textwrap
 
 import pytest
 import torch
+from memory_plane import MemoryDataPlane
 
 from relax.algorithms import AlgorithmConfig
 from relax.runtime.actor_worker import ActorCore
@@ -21,8 +22,6 @@ from relax.runtime.rollout_worker import RolloutCore
 from relax.runtime.schedule import plan_step
 from relax.runtime.train import checkpoint_path, run
 
-from memory_plane import MemoryDataPlane
-
 pytestmark = [pytest.mark.ray, pytest.mark.filterwarnings("ignore")]
 
 KEYS = ("correct", "digits", "format", "length")
@@ -30,16 +29,16 @@ KEYS = ("correct", "digits", "format", "length")
 
 def _config(algo: str, out, **kw) -> RunConfig:
     algorithm = kw.pop("algorithm", {})
-    base = dict(
-        advantage_estimator=algo,
-        algorithm=AlgorithmConfig(reward_keys=KEYS, n_samples_per_prompt=4, **algorithm),
-        rollout_batch_size=4,
-        num_steps_per_rollout=2,
-        num_rollout=3,
-        seed=11,
-        output_dir=str(out),
-        progress=False,
-    )
+    base = {
+        "advantage_estimator": algo,
+        "algorithm": AlgorithmConfig(reward_keys=KEYS, n_samples_per_prompt=4, **algorithm),
+        "rollout_batch_size": 4,
+        "num_steps_per_rollout": 2,
+        "num_rollout": 3,
+        "seed": 11,
+        "output_dir": str(out),
+        "progress": False,
+    }
     base.update(kw)
     return RunConfig(**base)
 
@@ -54,8 +53,8 @@ def _weights(out, step) -> dict:
 
 def _assert_same_weights(a: dict, b: dict) -> None:
     assert a.keys() == b.keys()
-    for k in a:
-        assert torch.equal(a[k], b[k]), f"weights differ at {k}"
+    for k, value in a.items():
+        assert torch.equal(value, b[k]), f"weights differ at {k}"
 
 
 def _check_rows(rows, steps, extra=()):

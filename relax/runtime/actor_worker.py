@@ -93,17 +93,26 @@ class ActorCore:
         return True
 
     # -- phase 1 (only when the advantages need KL): log-probs, written to the data plane --
-    def _load_shard(self, step: int, plan: StepPlan, extra: tuple[str, ...]) -> dict:
+    def _read_shard(self, step: int, plan: StepPlan, extra: tuple[str, ...]) -> dict:
         uids = plan.rank_uids(self.rank)
+        t0 = time.perf_counter()
         read = self.data_plane.read(step, BATCH_FIELDS + ("rewards",) + extra, "actor", len(uids), uids)
         batch = token_batch(read.fields) if uids else None
-        cache = {"step": step, "read": read, "batch": batch, "fields": dict(read.fields)}
+        return {"step": step, "read": read, "batch": batch, "fields": dict(read.fields),
+                "time/actor/data_read_s": time.perf_counter() - t0}
+
+    def _add_log_probs(self, cache: dict) -> dict:
+        """Old (and reference) log-probs of the shard, before any update of this step."""
+        batch = cache["batch"]
         if batch is not None:
             mb = self.config.micro_batch_size
             cache["old_log_probs"] = self.backend.compute_log_probs(batch, micro_batch_size=mb).log_probs
             if self.reference is not None:
                 cache["ref_log_probs"] = self._reference_log_probs(batch)
         return cache
+
+    def _load_shard(self, step: int, plan: StepPlan, extra: tuple[str, ...]) -> dict:
+        return self._add_log_probs(self._read_shard(step, plan, extra))
 
     @torch.no_grad()
     def _reference_log_probs(self, batch: TokenBatch) -> torch.Tensor:
@@ -138,15 +147,22 @@ class ActorCore:
         """
         t0 = time.perf_counter()
         serve = not self.advantages_on_actor
+        cache, self._cache = self._cache, None
+        fresh = cache is None or cache["step"] != step
+        if fresh:
+            # Read first, then send the advantages request: the two reads would only slow each
+            # other down on a small machine; the deployment then works while we compute log-probs.
+            extra = ("values",) if (self.advantages_on_actor and with_values) else ()
+            cache = self._read_shard(step, plan, extra)
         request = None
+        t_req = time.perf_counter()
         if serve and self.rank == 0 and plan.num_groups and self.advantages_service is not None:
             request = self.advantages_service.compute.remote(
                 step, plan.num_groups, plan.segment_sizes, with_values, with_kl
             )
-        if self._cache is None or self._cache["step"] != step:
-            extra = ("values",) if (self.advantages_on_actor and with_values) else ()
-            self._cache = self._load_shard(step, plan, extra)
-        cache, self._cache = self._cache, None
+        t_request = time.perf_counter() - t_req
+        if fresh:
+            cache = self._add_log_probs(cache)
         t1 = time.perf_counter()
         extra_metrics = {}
         if request is not None:
@@ -187,7 +203,9 @@ class ActorCore:
         metrics = {f"actor/{k}": v for k, v in _mean_metrics(metrics_parts).items()}
         metrics.update(extra_metrics)
         metrics.update({
-            "time/actor/read_s": t1 - t0,  # shard read + old/reference log-probs
+            "time/actor/read_s": t1 - t0,  # advantages request + shard read + old/reference log-probs
+            "time/actor/request_s": t_request,
+            "time/actor/data_read_s": cache["time/actor/data_read_s"],
             "time/actor/wait_advantages_s": t_adv - t1,
             "time/actor/optimize_s": t2 - t_adv,
         })

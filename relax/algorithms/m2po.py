@@ -51,7 +51,7 @@ class M2PO(GRPO):
     paper = "Second-Moment Trust Policy Optimization (arXiv:2510.01161)"
     group_relative = False
     hyperparameters = (
-        "reward_keys", "reward_weights", "m2po_kl2_budget", "m2po_miniclip_low", "m2po_miniclip_high",
+        "reward_keys", "reward_weights", "normalize_advantages", "m2po_kl2_budget", "m2po_miniclip_low", "m2po_miniclip_high",
         "eps_clip_c", "use_kl_loss", "kl_loss_coef", "kl_loss_type", "entropy_coef", "loss_aggregation",
     )
 

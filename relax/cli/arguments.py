@@ -446,7 +446,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         dest="prompt_data",
         default=None,
         metavar="FILE.jsonl",
-        help="prompt data set (JSON lines) instead of the built-in task",
+        help="prompt data set (.jsonl or .parquet) instead of the built-in task",
     )
     g.add_argument(
         "--input-key",

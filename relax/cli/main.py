@@ -112,7 +112,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.dry_run:
             print(yaml.safe_dump(config_to_dict(config), sort_keys=False), end="")
             return 0
-        run_train(config)
+        try:
+            run_train(config)
+        except KeyboardInterrupt:  # the runtime has already shut its processes down cleanly
+            print("relax train: interrupted", file=sys.stderr)
+            return 130
         return 0
     args = parser.parse_args(argv)
     if args.command == "algorithms":

@@ -18,6 +18,7 @@ import attrs
 import torch
 
 from relax.algorithms.base import RLAlgorithm
+from relax.algorithms.config import AlgorithmConfig
 from relax.runtime.config import RunConfig
 
 FLOAT32_MAX = float(torch.finfo(torch.float32).max)
@@ -315,6 +316,32 @@ def _check_backend(config, algorithm, who, errors, warnings):
         )
 
 
+# Fields every run reads (the rollout, the reward stage or the runtime), whatever the method.
+_FRAMEWORK_FIELDS = frozenset({"n_samples_per_prompt", "reward_keys", "reward_weights", "rewards_normalization"})
+
+
+def _flag_name(field: str) -> str:
+    return "--lambd" if field == "lam" else "--" + field.replace("_", "-")
+
+
+def _check_unused_hyperparameters(config, algorithm, who, errors, warnings):
+    """A hyper-parameter set away from its default that the method never reads would silently do
+    nothing (e.g. a preset of one method given to another): say so. Classes that declare no
+    ``hyperparameters`` are not checked (we cannot know what they read)."""
+    if not algorithm.hyperparameters:
+        return
+    defaults = AlgorithmConfig()
+    read = set(algorithm.hyperparameters) | _FRAMEWORK_FIELDS
+    for field in attrs.fields(AlgorithmConfig):
+        if field.name in read or field.name == "eps_clip_high":  # eps_clip_high defaults to eps_clip
+            continue
+        if getattr(config.algorithm, field.name) != getattr(defaults, field.name):
+            warnings.append(
+                f"{who} does not read {_flag_name(field.name)} (set to {getattr(config.algorithm, field.name)!r}); "
+                "it has no effect. `relax algorithms NAME` lists the flags a method reads."
+            )
+
+
 RULES = (
     _check_kl,
     _check_normalization,
@@ -324,6 +351,7 @@ RULES = (
     _check_loss,
     _check_batch,
     _check_backend,
+    _check_unused_hyperparameters,
 )
 
 

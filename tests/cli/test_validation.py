@@ -436,3 +436,19 @@ def test_validation_module_has_no_algorithm_name_literal():
 def test_builtin_gdpo_is_checked_through_its_capabilities():
     # the headline rule must come from the capability, not from the name
     assert get_algorithm("gdpo").uses_reward_components is True
+
+
+def test_hyperparameter_the_method_does_not_read_warns(cli):
+    code, _, err = cli("train", "--dry-run", "--advantage-estimator", "grpo", "--gdpo-preset", "nvlabs-trl")
+    assert code == 0
+    assert "GRPO (--advantage-estimator grpo) does not read --gdpo-preset (set to 'nvlabs-trl')" in err
+    code, _, err = cli("train", "--dry-run", "--advantage-estimator", "ppo", "--lambd", "0.9")
+    assert code == 0 and "does not read" not in err  # PPO reads lambda
+
+
+def test_default_configuration_of_every_builtin_has_no_unread_flag_warning(cli):
+    for name in algorithm_names():
+        required = ["--normalize-advantages"] if get_algorithm(name).advantage_normalization == "required" else []
+        code, _, err = cli("train", "--dry-run", "--advantage-estimator", name, *required)
+        assert code == 0, (name, err)
+        assert "does not read" not in err, (name, err)

@@ -304,6 +304,12 @@ def _check_backend(config, algorithm, who, errors, warnings):
                 f"--backend megatron needs megatron-core, which is not installed: {MEGATRON_EXTRA} "
                 "(or use --backend torch)"
             )
+        if config.hf_checkpoint:
+            errors.append(
+                f"--hf-checkpoint {config.hf_checkpoint} cannot be trained with --backend megatron, which trains "
+                "the built-in model only: use --backend torch, or drop --hf-checkpoint (the Hugging Face to "
+                "Megatron converter is documented in docs/en/real-models.md)"
+            )
         if config.actor_num_workers % (tp * pp):
             errors.append(
                 f"--actor-num-workers {config.actor_num_workers} must be a multiple of "

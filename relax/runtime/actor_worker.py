@@ -57,6 +57,10 @@ def _mean_metrics(parts: list[dict]) -> dict[str, float]:
 
 
 class ActorCore:
+    """One training rank. With ``--backend megatron`` the ranks are data x tensor x pipeline
+    parallel: a rank's data shard is chosen by its *data-parallel* rank, tensor/pipeline peers read
+    the same shard, and every rank joins every backend call (Megatron's gathers are collectives)."""
+
     def __init__(self, config, algorithm_spec: str, rank: int = 0, world_size: int = 1, *, with_reference: bool,
                  advantages_on_actor: bool, data_plane=None):
         torch.set_num_threads(1)
@@ -68,13 +72,24 @@ class ActorCore:
         self.reference = components.build_reference_model(config) if with_reference else None
         self.advantages_on_actor = advantages_on_actor
         self.process_group = None
-        self.backend = self._make_backend()
+        self.megatron = config.backend == "megatron"
+        # Data-parallel identity: which shard this rank reads. Megatron's comes from its backend.
+        self.dp_rank, self.dp_size = rank, world_size
+        self.backend = None
+        # Megatron builds its parallel state on the process group, so with several ranks it waits
+        # for init_process_group; a single rank starts a one-process group itself.
+        if not self.megatron or world_size == 1:
+            self._set_backend(self._make_backend())
         self.data_plane = data_plane
         self.advantages_service = None  # the Serve handle; rank 0 sends it the step's request
         self.num_minibatches = num_minibatches(config)
         self._cache: dict | None = None
 
-    def _make_backend(self) -> TorchBackend:
+    def _make_backend(self):
+        if self.megatron:
+            from relax.backends.megatron.factory import make_megatron_backend
+
+            return make_megatron_backend(self.config, self.model)
         return TorchBackend(
             self.model,
             lr=self.config.lr,
@@ -84,19 +99,49 @@ class ActorCore:
             forward_logits=components.forward_logits_fn(self.config),
         )
 
+    def _set_backend(self, backend) -> None:
+        self.backend = backend
+        if self.megatron:
+            self.dp_rank, self.dp_size = backend.dp_rank, backend.dp_size
+            # Tensor/pipeline peers hold the same shard: one of them writes shared fields (KL).
+            self.writes_shared_fields = backend.tp_rank == 0 and backend.is_first_stage
+        else:
+            self.writes_shared_fields = True
+
+    @property
+    def dp_group(self):
+        """The group whose ranks hold different shards (None: this rank holds the whole step)."""
+        if self.dp_size == 1:
+            return None
+        return self.backend.dp_group if self.megatron else self.process_group
+
     def init_process_group(self, address: str) -> bool:
-        """Join the data-parallel group (gloo on CPU, nccl on GPU) at ``tcp://address``."""
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        dist.init_process_group(backend, init_method=f"tcp://{address}", rank=self.rank, world_size=self.world_size)
+        """Join the process group of all actor ranks (gloo on CPU, nccl for CUDA models) at ``tcp://address``."""
+        on_gpu = torch.cuda.is_available() and (self.megatron or next(self.model.parameters()).is_cuda)
+        dist.init_process_group("nccl" if on_gpu else "gloo", init_method=f"tcp://{address}", rank=self.rank,
+                                world_size=self.world_size)
         self.process_group = dist.group.WORLD
-        self.backend.process_group = self.process_group
+        if self.megatron:
+            self._set_backend(self._make_backend())  # the backend makes its own dp/tp/pp groups
+        else:
+            self.backend.process_group = self.process_group
         return True
+
+    def _rank0_of_collective(self, fn):
+        """Megatron gathers weights over tensor/pipeline ranks: every rank calls ``fn``, rank 0 keeps
+        the result. The torch backend holds whole weights on every rank: only rank 0 calls it."""
+        if self.megatron or self.rank == 0:
+            result = fn()
+            return result if self.rank == 0 else None
+        return None
 
     # -- phase 1 (only when the advantages need KL): log-probs, written to the data plane --
     def _read_shard(self, step: int, plan: StepPlan, extra: tuple[str, ...]) -> dict:
-        uids = plan.rank_uids(self.rank)
+        uids = plan.rank_uids(self.dp_rank)
         t0 = time.perf_counter()
-        read = self.data_plane.read(step, BATCH_FIELDS + ("rewards",) + extra, "actor", len(uids), uids)
+        # One task name per rank: tensor/pipeline peers read the same groups, and TransferQueue
+        # hands a sample to each task once.
+        read = self.data_plane.read(step, BATCH_FIELDS + ("rewards",) + extra, f"actor{self.rank}", len(uids), uids)
         batch = token_batch(read.fields) if uids else None
         return {"step": step, "read": read, "batch": batch, "fields": dict(read.fields),
                 "time/actor/data_read_s": time.perf_counter() - t0}
@@ -130,7 +175,7 @@ class ActorCore:
         """Old/reference log-probs of this rank's shard; writes the reward-side ``kl`` field."""
         t0 = time.perf_counter()
         self._cache = self._load_shard(step, plan, ())
-        if self._cache["batch"] is not None and self.reference is not None:
+        if self._cache["batch"] is not None and self.reference is not None and self.writes_shared_fields:
             kl = N.kl_estimate(self._cache["old_log_probs"], self._cache["ref_log_probs"], "k1")
             kl = kl * self._cache["batch"].response_mask
             self.data_plane.add_fields(self._cache["read"], {"kl": kl.float()})
@@ -168,15 +213,15 @@ class ActorCore:
         if request is not None:
             extra_metrics.update(request.result())
         if serve and cache["batch"] is not None:
-            uids = plan.rank_uids(self.rank)
+            uids = plan.rank_uids(self.dp_rank)
             cache["fields"]["advantages"] = self.data_plane.read(
-                step, ("advantages",), "actor_advantages", len(uids), uids
+                step, ("advantages",), f"actor{self.rank}_advantages", len(uids), uids
             )["advantages"]
         t_adv = time.perf_counter()
-        seg = plan.rank_segment_sizes(self.rank)
+        seg = plan.rank_segment_sizes(self.dp_rank)
         metrics_parts = []
         batch = cache["batch"]
-        if self.advantages_on_actor and (batch is not None or self.process_group is not None):
+        if self.advantages_on_actor and (batch is not None or self.dp_group is not None):
             # Every rank reaches compute_advantages (its statistics are collectives), even one
             # that holds no group this step.
             if batch is None:
@@ -194,7 +239,7 @@ class ActorCore:
                     rewards=cache["fields"]["rewards"].float(), response_mask=batch.response_mask,
                     values=cache["fields"].get("values"), kl=kl, segment_sizes=seg,
                 )
-            advantages, _ = self.algorithm.compute_advantages(inputs, process_group=self.process_group)
+            advantages, _ = self.algorithm.compute_advantages(inputs, process_group=self.dp_group)
             cache["fields"]["advantages"] = advantages
         for j, rows in enumerate(_offsets(seg)):
             sub = batch.select(rows) if batch is not None else None
@@ -209,7 +254,7 @@ class ActorCore:
             "time/actor/wait_advantages_s": t_adv - t1,
             "time/actor/optimize_s": t2 - t_adv,
         })
-        weights = self.backend.export_weights() if (return_weights and self.rank == 0) else None
+        weights = self._rank0_of_collective(self.backend.export_weights) if return_weights else None
         return metrics, weights
 
     def _optimizer_step(self, cache, rows: slice, sub: TokenBatch | None, tokens: int, sequences: int) -> dict:
@@ -242,16 +287,18 @@ class ActorCore:
         )
 
     # -- checkpoints --
-    def state_dict(self) -> dict:
-        return {"backend": self.backend.state_dict(), "torch_rng": torch.get_rng_state()}
+    def state_dict(self) -> dict | None:
+        """Rank 0's state (None on the other ranks; Megatron's ranks all take part in gathering it)."""
+        backend = self._rank0_of_collective(self.backend.state_dict)
+        return None if backend is None else {"backend": backend, "torch_rng": torch.get_rng_state()}
 
     def load_state_dict(self, state) -> bool:
         self.backend.load_state_dict(state["backend"])
         torch.set_rng_state(state["torch_rng"])
         return True
 
-    def export_weights(self) -> dict:
-        return self.backend.export_weights()
+    def export_weights(self) -> dict | None:
+        return self._rank0_of_collective(self.backend.export_weights)
 
 
 def _empty_batch(cache) -> TokenBatch:
@@ -367,7 +414,7 @@ class ActorWorker(_Attaching, ActorCore):
         return True
 
     def _plan(self, roll: dict) -> StepPlan:
-        return plan_from_rollout(roll, self.num_minibatches, self.world_size)
+        return plan_from_rollout(roll, self.num_minibatches, self.dp_size)
 
     def prepare_step(self, step: int, roll: dict) -> dict:
         plan = self._plan(roll)

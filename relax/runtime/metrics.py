@@ -1,30 +1,34 @@
-"""Per-step reward statistics, the metrics file and the end-of-run summary table."""
+"""Per-step reward metrics, the metrics file and the end-of-run summary table."""
 
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import torch
 
+from relax.algorithms.diagnostics import (
+    DEFAULT_STD_EPS,
+    format_summary_table,
+    reward_diagnostics,
+    summarize_diagnostics,
+)
 
-def reward_stats(rewards: torch.Tensor, group_ids: torch.Tensor, keys: Sequence[str]) -> dict[str, float]:
-    """``reward/<key>/mean``, ``/std`` (population) and ``/zero_std_frac`` (share of prompt groups
-    where the component is constant) for every column of the raw ``[N, K]`` reward matrix."""
-    out: dict[str, float] = {}
-    if rewards.shape[0] == 0:
-        return out
-    uniq, inverse = torch.unique(group_ids, return_inverse=True)
-    for k, key in enumerate(keys):
-        col = rewards[:, k].double()
-        out[f"reward/{key}/mean"] = float(col.mean())
-        out[f"reward/{key}/std"] = float(col.std(unbiased=False))
-        lo = torch.full((len(uniq),), math.inf, dtype=torch.float64).scatter_reduce(0, inverse, col, "amin")
-        hi = torch.full((len(uniq),), -math.inf, dtype=torch.float64).scatter_reduce(0, inverse, col, "amax")
-        out[f"reward/{key}/zero_std_frac"] = float((lo == hi).double().mean())
-    return out
+
+def reward_metrics(algorithm, rewards: torch.Tensor, group_ids: torch.Tensor, keys: Sequence[str]) -> dict[str, float]:
+    """The step's reward statistics and multi-reward diagnostics, from the one definition in
+    ``relax.algorithms.diagnostics`` (``reward/<key>/{mean,std,zero_std_frac}``,
+    ``gdpo/<key>/adv_share``, ``multi_reward/*``).
+
+    Call it on the *whole* rollout (raw ``[N, K]`` rewards), before the group filter: the groups it
+    drops are part of what ``zero_std_frac`` and ``multi_reward/gdpo_cancel_rate`` count. The
+    advantages are computed later by another role, so ``advantage/*`` is not part of it.
+    """
+    # GDPO resolves its epsilon from its variant axes: use the one it trains with.
+    std_eps = float(getattr(getattr(algorithm, "variant", None), "std_eps", DEFAULT_STD_EPS))
+    weights = algorithm.config.reward_weights
+    return reward_diagnostics(rewards, group_ids, keys, weights, None, std_eps=std_eps)
 
 
 class MetricsLog:
@@ -54,21 +58,27 @@ class MetricsLog:
             f.write(json.dumps(row) + "\n")
 
 
+# Diagnostics shown below the reward table at the end of a run (besides each component's mean).
+SUMMARY_DIAGNOSTICS = ("zero_std_frac", "adv_share", "multi_reward/")
+
+
 def summary_table(rows: Sequence[Mapping], keys: Sequence[str]) -> tuple[str, dict[str, tuple[float, float]]]:
-    """Mean of each ``reward/<key>/mean`` over the first and the last 10% of steps (at least one)."""
+    """The end-of-run table: each ``reward/<key>/mean`` over the first and the last 10% of steps (at
+    least one), then the multi-reward diagnostics over the same windows. Returns ``(table, {key:
+    (first, last)})``. Windows follow ``summarize_diagnostics``."""
     if not rows:
         return "no steps were run", {}
-    k = max(1, len(rows) // 10)
-    first, last = rows[:k], rows[-k:]
+    summary = summarize_diagnostics(rows, fraction=0.1)
+    k = next(iter(summary.values())).window if summary else max(1, -(-len(rows) // 10))
     stats: dict[str, tuple[float, float]] = {}
     lines = [f"reward component     first {k} step(s)   last {k} step(s)   change", "-" * 64]
     for key in keys:
-        name = f"reward/{key}/mean"
-        a = [r[name] for r in first if name in r]
-        b = [r[name] for r in last if name in r]
-        if not a or not b:
+        s = summary.get(f"reward/{key}/mean")
+        if s is None or s.first is None or s.last is None:
             continue
-        fa, lb = sum(a) / len(a), sum(b) / len(b)
-        stats[key] = (fa, lb)
-        lines.append(f"{key:<20} {fa:>16.3f} {lb:>17.3f} {lb - fa:>+8.3f}")
+        stats[key] = (s.first, s.last)
+        lines.append(f"{key:<20} {s.first:>16.3f} {s.last:>17.3f} {s.last - s.first:>+8.3f}")
+    extra = {name: s for name, s in summary.items() if any(part in name for part in SUMMARY_DIAGNOSTICS)}
+    if extra:
+        lines += ["", format_summary_table(extra)]
     return "\n".join(lines), stats

@@ -13,7 +13,7 @@ from relax.algorithms import load_algorithm
 from relax.rollout.base import SamplingParams
 from relax.rollout.rewards import function_name, score
 from relax.runtime import components
-from relax.runtime.metrics import reward_stats
+from relax.runtime.metrics import reward_metrics
 
 # Fields the rollout writes for every kept completion.
 ROLLOUT_FIELDS = (
@@ -109,7 +109,7 @@ class RolloutCore:
         t4 = time.perf_counter()
         tokens_per_group = batch.response_mask[keep].sum(1).view(-1, n).sum(1).tolist() if kept_uids else []
         generated = int(batch.response_mask.sum())
-        metrics = reward_stats(rewards, group_ids, self.reward_keys)
+        metrics = reward_metrics(self.algorithm, rewards, group_ids, self.reward_keys)
         metrics.update(
             {
                 "rollout/groups_kept": len(kept_uids),

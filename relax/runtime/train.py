@@ -155,6 +155,20 @@ def _get(refs, what: str, timeout: float | None = None):
         ) from exc
 
 
+def gpu_requests(cluster_gpus: float, actor_workers: int) -> tuple[float, float]:
+    """``(num_gpus per actor rank, num_gpus of the rollout)`` for a cluster with ``cluster_gpus`` GPUs.
+
+    One GPU each when there are enough; a single actor rank shares one GPU with the rollout
+    (half each); otherwise none is requested (CPU, or whatever devices the workers see) because two
+    NCCL ranks must never share a GPU.
+    """
+    if cluster_gpus >= actor_workers + 1:
+        return 1.0, 1.0
+    if actor_workers == 1 and cluster_gpus >= 1:
+        return 0.5, 0.5
+    return 0.0, 0.0
+
+
 def _free_address() -> str:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -189,14 +203,19 @@ class Runtime:
         self.started_ray = _start_ray(cfg)
         self.startup_times["ray_init_s"] = time.perf_counter() - t0
         opts = {"num_cpus": WORKER_CPUS, "max_restarts": 0}
+        w = cfg.actor_num_workers
+        gpus = ray.cluster_resources().get("GPU", 0.0)
+        actor_gpus, rollout_gpus = gpu_requests(gpus, w)
+        if gpus and not actor_gpus:
+            _log(f"relax: warning: {gpus:g} GPU(s) for {w} actor rank(s) + the rollout; requesting none "
+                 "(NCCL ranks cannot share a GPU)")
         # Spawn every worker first: their processes start and import torch in parallel with the
         # TransferQueue and Serve start-up below.
-        self.rollout = ray.remote(RolloutWorker).options(**opts).remote(cfg, spec)
-        w = cfg.actor_num_workers
+        self.rollout = ray.remote(RolloutWorker).options(**opts, num_gpus=rollout_gpus).remote(cfg, spec)
         with_ref = R.REFERENCE in self.layout
         on_actor = self.layout.placement[R.ADVANTAGES] == R.ON_ACTOR
         self.actors = [
-            ray.remote(ActorWorker).options(**opts).remote(
+            ray.remote(ActorWorker).options(**opts, num_gpus=actor_gpus).remote(
                 cfg, spec, r, w, with_reference=with_ref, advantages_on_actor=on_actor
             )
             for r in range(w)
@@ -291,6 +310,7 @@ def run(config) -> RunSummary:
     if config.load:
         ckpt = resolve_checkpoint(config.load)
         state = torch.load(ckpt, map_location="cpu", weights_only=False)
+        check_checkpoint(config, state, config.load, has_critic=R.CRITIC in layout)
         start_step = int(state["step"])
         old_metrics = ckpt.parents[2] / "metrics.jsonl"
         new_metrics = out / "metrics.jsonl"
@@ -329,7 +349,12 @@ def run(config) -> RunSummary:
         for index in bar:
             step = index + 1
             runtime.last_step = step
-            saving = bool(config.save_interval) and (step % config.save_interval == 0 or step == config.num_rollout)
+            # The final step is saved whenever checkpoints are on, and always with --hf-checkpoint
+            # (the trained model in Hugging Face format is the point of such a run).
+            final = step == config.num_rollout
+            saving = (bool(config.save_interval) and (step % config.save_interval == 0 or final)) or (
+                bool(config.hf_checkpoint) and final
+            )
             row = pipeline.step(step, prefetch_next=step < config.num_rollout and not saving)
             runtime.last_step = None  # the pipeline drops the finished step's partition itself
             log.write(row)
@@ -444,28 +469,54 @@ class _Pipeline:
 
 
 def _save(rt: Runtime, out: Path, step: int) -> Path:
-    refs = [rt.actors[0].state_dict.remote(), rt.rollout.state_dict.remote()]
+    """``checkpoints/step_<k>/state.pt`` (+ ``hf/`` in Hugging Face format with ``--hf-checkpoint``)."""
+    # Megatron gathers its state over all ranks (a collective): ask every rank, keep rank 0's.
+    actors = rt.actors if rt.config.backend == "megatron" else rt.actors[:1]
+    refs = [a.state_dict.remote() for a in actors] + [rt.rollout.state_dict.remote()]
     if rt.critic is not None:
         refs.append(rt.critic.state_dict.remote())
     parts = _get(refs, "checkpoint")
-    state = {"step": step, "actor": parts[0], "rollout": parts[1], "critic": parts[2] if rt.critic else None,
-             "advantage_estimator": rt.config.advantage_estimator}
+    actor, rollout, critic = parts[0], parts[len(actors)], parts[len(actors) + 1] if rt.critic else None
+    state = {"step": step, "actor": actor, "rollout": rollout, "critic": critic,
+             "advantage_estimator": rt.config.advantage_estimator, "backend": rt.config.backend}
     path = checkpoint_path(out, step)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     torch.save(state, tmp)
     os.replace(tmp, path)  # a crash mid-write never leaves a truncated checkpoint behind
+    if rt.config.hf_checkpoint:
+        from relax.rollout.hf.checkpoint import export_hf_checkpoint
+
+        export_hf_checkpoint(actor["backend"]["model"], rt.config.hf_checkpoint, path.parent / "hf")
     return path
 
 
-def _restore(rt: Runtime, state: dict) -> None:
-    if state["advantage_estimator"] != rt.config.advantage_estimator:
+def checkpoint_backend(state: dict) -> str:
+    """The ``--backend`` that wrote a checkpoint (older checkpoints: recognized by their layout)."""
+    if "backend" in state:
+        return state["backend"]
+    return "megatron" if "format" in state["actor"]["backend"] else "torch"
+
+
+def check_checkpoint(config, state: dict, source, *, has_critic: bool) -> None:
+    """Refuse a checkpoint this run cannot continue, before any worker starts."""
+    if (state["critic"] is None) == has_critic:
+        raise ValueError(f"--load {source}: the checkpoint and this run disagree on whether a critic exists")
+    if state["advantage_estimator"] != config.advantage_estimator:
         raise ValueError(
-            f"--load: the checkpoint was trained with --advantage-estimator {state['advantage_estimator']!r}, "
-            f"this run uses {rt.config.advantage_estimator!r}"
+            f"--load {source}: the checkpoint was trained with --advantage-estimator "
+            f"{state['advantage_estimator']!r}, this run uses {config.advantage_estimator!r}"
         )
-    if (state["critic"] is None) != (rt.critic is None):
-        raise ValueError("--load: the checkpoint and this run disagree on whether a critic exists")
+    saved = checkpoint_backend(state)
+    if saved != config.backend:
+        raise ValueError(
+            f"--load {source}: the checkpoint was written by --backend {saved}, this run uses --backend "
+            f"{config.backend}; the two store weights and optimizer state differently. Resume with "
+            f"--backend {saved}, or start a new run without --load"
+        )
+
+
+def _restore(rt: Runtime, state: dict) -> None:
     refs = [a.load_state_dict.remote(state["actor"]) for a in rt.actors]
     refs.append(rt.rollout.load_state_dict.remote(state["rollout"], state["actor"]["backend"]["model"]))
     if rt.critic is not None:

@@ -14,7 +14,7 @@ from relax.runtime.actor_worker import ActorCore
 from relax.runtime.advantages import AdvantagesCore
 from relax.runtime.config import RunConfig
 from relax.runtime.data_plane import _densify, group_rows
-from relax.runtime.metrics import MetricsLog, reward_stats, summary_table
+from relax.runtime.metrics import MetricsLog, reward_metrics, summary_table
 from relax.runtime.rollout_worker import RolloutCore, filter_groups
 from relax.runtime.sampler import GROUP_SIZE, GROUP_UID, SAMPLE_INDEX, PromptGroupSampler, select_groups
 from relax.runtime.schedule import plan_step
@@ -123,14 +123,22 @@ def test_group_filter_rejects_an_algorithm_that_splits_a_group():
 # -- metrics -------------------------------------------------------------------------------------
 
 
-def test_reward_stats_by_hand():
-    rewards = torch.tensor([[1.0, 0.0], [0.0, 0.0], [1.0, 1.0], [1.0, 0.5]], dtype=torch.float64)
-    s = reward_stats(rewards, torch.tensor([0, 0, 1, 1]), ("a", "b"))
-    assert s["reward/a/mean"] == pytest.approx(0.75)
-    assert s["reward/a/std"] == pytest.approx((3 * 0.0625 + 0.5625) ** 0.5 / 2)  # population std
-    assert s["reward/a/zero_std_frac"] == 0.5  # group 1 constant in a
-    assert s["reward/b/zero_std_frac"] == 0.5  # group 0 constant in b
-    assert s["reward/b/mean"] == pytest.approx(0.375)
+def test_reward_metrics_by_hand():
+    # Group 0: (2, 0) and (0, 1) with weights (1, 2) have equal weighted sums (GRPO sees nothing) but
+    # GDPO's per-component z-scores still differ: a collapse. Group 1: component a is constant.
+    algo = get_algorithm("gdpo")(AlgorithmConfig(reward_keys=("a", "b"), reward_weights=(1.0, 2.0),
+                                                 n_samples_per_prompt=2))
+    rewards = torch.tensor([[2.0, 0.0], [0.0, 1.0], [1.0, 1.0], [1.0, 0.5]], dtype=torch.float64)
+    s = reward_metrics(algo, rewards, torch.tensor([0, 0, 1, 1]), ("a", "b"))
+    assert s["reward/a/mean"] == pytest.approx(1.0)
+    assert s["reward/a/std"] == pytest.approx(0.5 ** 0.5)  # population std
+    assert s["reward/b/mean"] == pytest.approx(0.625)
+    assert s["reward/a/zero_std_frac"] == 0.5 and s["reward/b/zero_std_frac"] == 0.0
+    assert s["multi_reward/collapse_rate"] == 0.5 and s["multi_reward/gdpo_cancel_rate"] == 0.0
+    # |w z| per sample: a = 1/sqrt(2) in group 0 only; b = 2/sqrt(2) everywhere -> share 1/5 vs 4/5
+    assert s["gdpo/a/adv_share"] == pytest.approx(0.2, rel=1e-3)
+    assert s["gdpo/b/adv_share"] == pytest.approx(0.8, rel=1e-3)
+    assert not any(k.startswith("advantage/") for k in s)  # the rollout has no advantages yet
 
 
 def test_metrics_log_resume_drops_steps_after_the_checkpoint(tmp_path):

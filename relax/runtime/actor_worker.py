@@ -87,9 +87,13 @@ class ActorCore:
 
     def _make_backend(self):
         if self.megatron:
+            import warnings
+
             from relax.backends.megatron.factory import make_megatron_backend
 
-            return make_megatron_backend(self.config, self.model)
+            with warnings.catch_warnings():  # megatron-core's notes on optional fused kernels, once per rank
+                warnings.filterwarnings("ignore", message="Apex is not installed")
+                return make_megatron_backend(self.config, self.model)
         return TorchBackend(
             self.model,
             lr=self.config.lr,

@@ -247,3 +247,49 @@ def test_gdpo_advantages_are_whitened_per_minibatch_segment():
         assert mask[start:start + size, 0].all()
         torch.testing.assert_close(first_token.double(), expected, rtol=1e-5, atol=1e-5)
         start += size
+
+
+# -- backend choice: checkpoints, validation, GPU requests ----------------------------------------
+
+
+def _state_of(backend: str) -> dict:
+    actor = {"model": {}, "optimizer": {}, "step": 0} if backend == "torch" else {"format": "relax-megatron-v1"}
+    return {"step": 4, "advantage_estimator": "gdpo", "critic": None, "actor": {"backend": actor}}
+
+
+def test_a_checkpoint_of_the_other_backend_is_refused_naming_the_flags():
+    from relax.runtime.train import check_checkpoint, checkpoint_backend
+
+    megatron = RunConfig(advantage_estimator="gdpo", backend="megatron")
+    assert checkpoint_backend(_state_of("torch")) == "torch"  # older checkpoints: by their layout
+    assert checkpoint_backend({**_state_of("torch"), "backend": "megatron"}) == "megatron"
+    with pytest.raises(ValueError, match=r"--load run1: .*--backend torch, this run uses --backend megatron"):
+        check_checkpoint(megatron, _state_of("torch"), "run1", has_critic=False)
+    check_checkpoint(megatron, _state_of("megatron"), "run1", has_critic=False)
+    with pytest.raises(ValueError, match="--backend megatron, this run uses --backend torch"):
+        check_checkpoint(RunConfig(advantage_estimator="gdpo"), _state_of("megatron"), "run1", has_critic=False)
+    with pytest.raises(ValueError, match="disagree on whether a critic exists"):
+        check_checkpoint(megatron, _state_of("megatron"), "run1", has_critic=True)
+
+
+def test_hf_checkpoint_with_megatron_is_a_configuration_error(monkeypatch):
+    from relax.cli import validation
+
+    monkeypatch.setattr(validation, "megatron_installed", lambda: True)
+    algo = get_algorithm("gdpo")
+    base = {"advantage_estimator": "gdpo", "algorithm": AlgorithmConfig(reward_keys=KEYS, n_samples_per_prompt=4)}
+    with pytest.raises(validation.ConfigError, match=r"--hf-checkpoint /m cannot be trained with --backend megatron"):
+        validation.validate(RunConfig(**base, backend="megatron", hf_checkpoint="/m"), algo)
+    with pytest.raises(validation.ConfigError, match=r"--actor-num-workers 3 must be a multiple of .*"
+                       r"--pipeline-model-parallel-size 2 = 2"):
+        validation.validate(RunConfig(**base, backend="megatron", actor_num_workers=3, pipeline_model_parallel_size=2), algo)
+    validation.validate(RunConfig(**base, backend="megatron", actor_num_workers=4, tensor_model_parallel_size=2), algo)
+
+
+def test_gpu_requests():
+    from relax.runtime.train import gpu_requests
+
+    assert gpu_requests(0, 1) == (0.0, 0.0)
+    assert gpu_requests(1, 1) == (0.5, 0.5)  # one actor rank shares the GPU with the rollout
+    assert gpu_requests(3, 2) == (1.0, 1.0)
+    assert gpu_requests(2, 2) == (0.0, 0.0)  # two NCCL ranks must not share a GPU

@@ -152,6 +152,11 @@ def test_gdpo_with_two_data_parallel_actor_workers(ray_cluster, tmp_path):
     run(cfg)
     rows = _rows(out)
     _check_rows(rows, range(1, 3), extra=("time/advantages_s", "actor/loss"))
+    for r in rows:  # the multi-reward diagnostics of every step (relax.algorithms.diagnostics)
+        for name in ("multi_reward/collapse_rate", "multi_reward/gdpo_cancel_rate", "multi_reward/varied_group_frac"):
+            assert 0.0 <= r[name] <= 1.0, name
+        shares = [r[f"gdpo/{key}/adv_share"] for key in KEYS]
+        assert sum(shares) == pytest.approx(1.0) and all(s >= 0 for s in shares)
     # The same first step in one process (same seed -> same rollout): the all-reduced gradient of
     # two ranks with global token normalization has the single process's norm.
     plane = MemoryDataPlane()

@@ -1,0 +1,422 @@
+"""Single-process RL training on a built-in task: no Ray, no data plane, one thread.
+
+One step is what the Ray pipeline does, in one process and in this order:
+
+1. sample ``n_samples`` completions for each of ``prompts_per_step`` prompts with ``TinyEngine``;
+2. score every completion with the task's reward function -> the raw ``[N, K]`` reward matrix
+   (columns in ``AlgorithmConfig.reward_keys`` order);
+3. drop groups that carry no signal for the algorithm (``group_has_signal``);
+4. ``normalize_rewards`` -> ``compute_advantages`` with one segment per optimizer mini-batch
+   (mini-batches are whole prompt groups);
+5. old log-probs once, then one ``TorchBackend.train_step`` per mini-batch with ``policy_loss``;
+6. push the new weights to the engine.
+
+Every step logs each component's mean (all of the task's components, also those the algorithm does
+not train on), optionally the multi-reward diagnostics of ``relax.algorithms.diagnostics`` computed
+on the whole rollout *before* the group filter (dropped samples count with advantage 0), the
+fraction of samples kept, the averaged training metrics and timings. At the end the greedy accuracy
+on all 100 addition problems is measured.
+
+The run is a pure function of its arguments: the model starts from the shipped warm-up checkpoint,
+the prompt stream and the sampling generator are seeded with ``seed``, and with one thread the CPU
+kernels are deterministic, so the same arguments give bit-identical metrics (timings aside).
+
+    from relax.rollout.tasks import get_task
+    from relax.runtime.local_loop import recipe_config, train_local
+
+    task = get_task("addition-brevity")
+    config = recipe_config(task.reward_keys, reward_weights=(1, 1, 1, 1, 10))
+    result = train_local(task, "gdpo", config, steps=600, seed=0)
+    result.history[-1]["reward/correct/mean"], result.greedy_accuracy
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+
+import attrs
+import torch
+
+from relax.algorithms import AdvantageInputs, AlgorithmConfig, PolicyLossInputs, RLAlgorithm, load_algorithm
+from relax.algorithms.diagnostics import DEFAULT_STD_EPS, reward_diagnostics
+from relax.backends.base import TokenBatch
+from relax.backends.torch_backend import TorchBackend
+from relax.rollout.base import Prompt, SamplingParams
+from relax.rollout.tasks import Task, get_task
+from relax.rollout.tasks.addition import all_problems
+from relax.rollout.tiny.engine import TinyEngine
+from relax.rollout.tiny.warmup import load_warmup_model
+
+# Per-step keys that depend on wall time, so they are excluded when comparing two runs.
+TIMING_PREFIX = "time/"
+
+
+def recipe_config(
+    reward_keys: Sequence[str],
+    reward_weights: Sequence[float] | None = None,
+    *,
+    n_samples_per_prompt: int = 8,
+    **overrides,
+) -> AlgorithmConfig:
+    """The ``AlgorithmConfig`` of the embedded-default recipe (PPO clip 0.2 / 0.28, token-mean loss).
+
+    ``overrides`` are passed to ``AlgorithmConfig`` (e.g. ``gdpo_preset="nvlabs-trl"``).
+    """
+    fields = {"eps_clip": 0.2, "eps_clip_high": 0.28, "loss_aggregation": "token_mean"}
+    fields.update(overrides)
+    return AlgorithmConfig(
+        n_samples_per_prompt=n_samples_per_prompt,
+        reward_keys=tuple(reward_keys),
+        reward_weights=None if reward_weights is None else tuple(reward_weights),
+        **fields,
+    )
+
+
+@attrs.frozen(kw_only=True)
+class LocalRunResult:
+    """What ``train_local`` returns.
+
+    ``history`` has one dict per step (``step``, ``reward/<key>/mean`` for every task component,
+    ``response/tokens_mean`` (sampled tokens per completion, ``<eos>`` included), ``kept_frac``, ``train/*`` averaged over the step's mini-batches, the diagnostics when enabled,
+    ``time/step_s`` and ``time/rollout_s``). ``greedy_accuracy`` is the fraction of the 100 addition
+    problems answered correctly at temperature 0 after the last step (``None`` when not evaluated).
+    """
+
+    history: list[dict[str, float]]
+    greedy_accuracy: float | None
+    seconds: float
+    reward_keys: tuple[str, ...]
+    reward_weights: tuple[float, ...]
+    task_components: tuple[str, ...]
+
+
+def greedy_accuracy(engine: TinyEngine, task: Task, problems: Sequence[Prompt] | None = None) -> float:
+    """Fraction of ``problems`` (default: all 100 addition problems) whose greedy answer scores
+    ``correct`` = 1 under ``task.reward_fn``."""
+    if "correct" not in task.reward_keys:
+        raise ValueError(
+            f"greedy_accuracy scores the 'correct' component; task {task.name!r} has {task.reward_keys}"
+        )
+    problems = list(all_problems() if problems is None else problems)
+    tok = engine.tokenizer
+    params = SamplingParams(temperature=0.0, max_new_tokens=task.max_new_tokens)
+    gen = engine.generate([tok.encode(p.text) for p in problems], params)
+    texts = engine.decode_responses(gen)
+    hits = sum(task.reward_fn(p.text, c, p.label, p.metadata)["correct"] for p, c in zip(problems, texts))
+    return hits / len(problems)
+
+
+def _resolve_algorithm(algorithm: str | RLAlgorithm, config: AlgorithmConfig | None) -> RLAlgorithm:
+    if isinstance(algorithm, RLAlgorithm):
+        if config is not None and config != algorithm.config:
+            raise ValueError(
+                "pass either an RLAlgorithm instance or a spec with its AlgorithmConfig, not an "
+                "instance together with a different config"
+            )
+        return algorithm
+    if config is None:
+        raise ValueError(
+            f"algorithm {algorithm!r} is a spec: pass its AlgorithmConfig as well (see recipe_config)"
+        )
+    return load_algorithm(algorithm)(config)
+
+
+def _check_shapes(
+    algorithm: RLAlgorithm,
+    task: Task,
+    n_samples: int,
+    prompts_per_step: int,
+    num_minibatches: int,
+    steps: int,
+) -> None:
+    config = algorithm.config
+    missing = [k for k in config.reward_keys if k not in task.reward_keys]
+    if missing:
+        raise ValueError(
+            f"reward_keys {missing} are not components of task {task.name!r} "
+            f"(it has {', '.join(task.reward_keys)})"
+        )
+    if config.n_samples_per_prompt != n_samples:
+        raise ValueError(
+            f"AlgorithmConfig.n_samples_per_prompt={config.n_samples_per_prompt} but n_samples="
+            f"{n_samples}; set both to the group size"
+        )
+    for name, value in (
+        ("steps", steps),
+        ("prompts_per_step", prompts_per_step),
+        ("n_samples", n_samples),
+        ("num_minibatches", num_minibatches),
+    ):
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+
+
+def _check_scales(reward_scales: Mapping[str, float] | None, task: Task) -> dict[str, float]:
+    scales = dict(reward_scales or {})
+    for key, factor in scales.items():
+        if key not in task.reward_keys:
+            raise ValueError(
+                f"reward_scales names {key!r}, which is not a component of task {task.name!r} "
+                f"(it has {', '.join(task.reward_keys)})"
+            )
+        if (
+            isinstance(factor, bool)
+            or not isinstance(factor, (int, float))
+            or not math.isfinite(factor)
+            or factor <= 0
+        ):
+            raise ValueError(f"reward_scales[{key!r}] must be a finite number > 0, got {factor!r}")
+    return {k: float(v) for k, v in scales.items() if v != 1}
+
+
+def _diagnostics_std_eps(algorithm: RLAlgorithm) -> float:
+    # GDPO resolves its epsilon from the variant axes; use the one it actually trains with.
+    variant = getattr(algorithm, "variant", None)
+    return float(getattr(variant, "std_eps", DEFAULT_STD_EPS))
+
+
+def train_local(
+    task: Task | str,
+    algorithm: str | RLAlgorithm,
+    config: AlgorithmConfig | None = None,
+    *,
+    steps: int = 600,
+    seed: int = 0,
+    prompts_per_step: int = 32,
+    n_samples: int = 8,
+    num_minibatches: int = 2,
+    lr: float = 3e-4,
+    clip_grad: float = 1.0,
+    temperature: float = 1.0,
+    filter_groups: bool = True,
+    diagnostics: bool = True,
+    evaluate: bool = True,
+    reward_scales: Mapping[str, float] | None = None,
+    num_threads: int | None = 1,
+    log_every: int = 0,
+    on_step: Callable[[dict[str, float]], None] | None = None,
+) -> LocalRunResult:
+    """Train the shipped warm-up model on ``task`` for ``steps`` rollouts in this process.
+
+    Args:
+        task: a built-in ``Task`` or its name (``get_task``).
+        algorithm: a registered name / ``module:Class`` spec (then ``config`` is required), or an
+            ``RLAlgorithm`` instance.
+        config: the algorithm's configuration; its ``reward_keys`` must be components of the task
+            and its ``n_samples_per_prompt`` must equal ``n_samples``.
+        steps: rollouts (each followed by ``num_minibatches`` optimizer steps).
+        seed: seeds the prompt stream and the sampling generator.
+        prompts_per_step, n_samples: the batch shape (prompt groups x group size).
+        num_minibatches: optimizer steps per rollout; each mini-batch is whole prompt groups.
+        lr, clip_grad, temperature: AdamW learning rate, gradient-norm clip, sampling temperature.
+        filter_groups: drop groups without signal for the algorithm, as the pipeline does.
+        diagnostics: add ``reward_diagnostics`` (``reward/*``, ``multi_reward/*``, ``gdpo/*``,
+            ``advantage/*``) to every step (needs >= 1 reward key; multi-reward keys need >= 2).
+        evaluate: measure the greedy accuracy on the 100 addition problems at the end.
+        reward_scales: ``{component: factor}`` multiplying that component's raw value before the
+            algorithm sees it, i.e. a reward function that reports it on a different scale (unlike
+            ``reward_weights``, which GDPO applies *after* its per-component normalization). The
+            ``reward/<key>/*`` metrics stay in the task's units; the ``multi_reward/*``, ``gdpo/*``
+            and ``advantage/*`` diagnostics see the scaled rewards the algorithm trains on.
+        num_threads: torch intra-op threads for the run (restored afterwards); ``None`` leaves the
+            setting alone. One thread is deterministic and robust on a loaded machine.
+        log_every: print a progress line every that many steps (0: silent).
+        on_step: called with each step's metrics dict as soon as it is complete.
+    """
+    task = get_task(task) if isinstance(task, str) else task
+    algorithm = _resolve_algorithm(algorithm, config)
+    _check_shapes(algorithm, task, n_samples, prompts_per_step, num_minibatches, steps)
+    scales = _check_scales(reward_scales, task)
+    previous_threads = torch.get_num_threads()
+    if num_threads is not None:
+        torch.set_num_threads(num_threads)
+    try:
+        return _run(
+            task,
+            algorithm,
+            steps=steps,
+            seed=seed,
+            prompts_per_step=prompts_per_step,
+            n_samples=n_samples,
+            num_minibatches=num_minibatches,
+            lr=lr,
+            clip_grad=clip_grad,
+            temperature=temperature,
+            filter_groups=filter_groups,
+            diagnostics=diagnostics,
+            evaluate=evaluate,
+            scales=scales,
+            log_every=log_every,
+            on_step=on_step,
+        )
+    finally:
+        torch.set_num_threads(previous_threads)
+
+
+def _run(
+    task: Task,
+    algorithm: RLAlgorithm,
+    *,
+    steps,
+    seed,
+    prompts_per_step,
+    n_samples,
+    num_minibatches,
+    lr,
+    clip_grad,
+    temperature,
+    filter_groups,
+    diagnostics,
+    evaluate,
+    scales,
+    log_every,
+    on_step,
+) -> LocalRunResult:
+    config = algorithm.config
+    keys = tuple(config.reward_keys)
+    components = tuple(task.reward_keys)
+    columns = [components.index(k) for k in keys]
+    scale_row = torch.tensor([scales.get(k, 1.0) for k in keys], dtype=torch.float64)
+    std_eps = _diagnostics_std_eps(algorithm)
+
+    torch.manual_seed(seed)
+    model = load_warmup_model()
+    engine = TinyEngine(load_warmup_model(), task.make_tokenizer())
+    backend = TorchBackend(model, lr=lr, clip_grad=clip_grad, temperature=temperature)
+    engine.load_weights(backend.export_weights())
+    prompt_source = task.make_prompts(seed)
+    generator = torch.Generator().manual_seed(seed)
+    params = SamplingParams(temperature=temperature, max_new_tokens=task.max_new_tokens)
+    group_ids = torch.arange(prompts_per_step).repeat_interleave(n_samples)
+
+    history: list[dict[str, float]] = []
+    start = time.perf_counter()
+    for step in range(1, steps + 1):
+        t0 = time.perf_counter()
+        prompts = prompt_source.next_batch(prompts_per_step)
+        samples = [p for p in prompts for _ in range(n_samples)]
+        gen = engine.generate([engine.tokenizer.encode(p.text) for p in samples], params, generator)
+        texts = engine.decode_responses(gen)
+        # sample_index gives identical completions within a group independent judge coins.
+        scored = [
+            task.reward_fn(p.text, c, p.label, {**p.metadata, "sample_index": i % n_samples})
+            for i, (p, c) in enumerate(zip(samples, texts))
+        ]
+        all_rewards = torch.tensor([[s[k] for k in components] for s in scored], dtype=torch.float64)
+        raw = all_rewards[:, columns]
+        rewards = (raw * scale_row).to(torch.float32) if scales else raw.to(torch.float32)
+        t_rollout = time.perf_counter() - t0
+
+        record: dict[str, float] = {"step": step}
+        for j, k in enumerate(components):
+            record[f"reward/{k}/mean"] = float(all_rewards[:, j].mean())
+
+        keep = (
+            algorithm.group_has_signal(rewards, group_ids)
+            if filter_groups
+            else torch.ones(len(samples), dtype=torch.bool)
+        )
+        record["response/tokens_mean"] = float(gen.batch.response_mask.sum(1).double().mean())
+        record["kept_frac"] = float(keep.float().mean())
+        per_sample_advantage = torch.zeros(len(samples), dtype=torch.float64)
+        if keep.any():
+            train_metrics = _train_on_kept(
+                algorithm, backend, gen.batch, rewards, group_ids, keep, num_minibatches, per_sample_advantage
+            )
+            record.update({f"train/{k}": v for k, v in train_metrics.items()})
+            engine.load_weights(backend.export_weights())
+        if diagnostics:
+            record.update(
+                reward_diagnostics(
+                    rewards, group_ids, keys, config.reward_weights, per_sample_advantage, std_eps=std_eps
+                )
+            )
+            if scales:  # per-component statistics in the task's units
+                # float32 like the unscaled path, so a scale of 1 and no scale log the same numbers
+                unscaled = reward_diagnostics(
+                    raw.to(torch.float32), group_ids, keys, config.reward_weights, None, std_eps=std_eps
+                )
+                record.update({k: v for k, v in unscaled.items() if k.startswith("reward/")})
+        record["time/step_s"] = time.perf_counter() - t0
+        record["time/rollout_s"] = t_rollout
+        history.append(record)
+        if on_step is not None:
+            on_step(record)
+        if log_every and step % log_every == 0:
+            rate = step / (time.perf_counter() - start)
+            print(
+                f"step {step:4d}  "
+                + "  ".join(f"{k}={record[f'reward/{k}/mean']:.3f}" for k in components)
+                + f"  {rate:.1f} steps/s",
+                flush=True,
+            )
+    seconds = time.perf_counter() - start
+    accuracy = greedy_accuracy(engine, task) if evaluate else None
+    return LocalRunResult(
+        history=history,
+        greedy_accuracy=accuracy,
+        seconds=seconds,
+        reward_keys=keys,
+        reward_weights=tuple(config.reward_weights),
+        task_components=components,
+    )
+
+
+def _train_on_kept(
+    algorithm: RLAlgorithm,
+    backend: TorchBackend,
+    batch: TokenBatch,
+    rewards: torch.Tensor,
+    group_ids: torch.Tensor,
+    keep: torch.Tensor,
+    num_minibatches: int,
+    per_sample_advantage: torch.Tensor,
+) -> dict[str, float]:
+    """Advantages + one optimizer step per mini-batch on the kept rows; returns the averaged train
+    metrics and writes each kept sample's mean token advantage into ``per_sample_advantage``."""
+    rows = keep.nonzero().squeeze(1)
+    kept: TokenBatch = batch.select(rows)
+    kept_ids = group_ids[rows]
+    scalar = algorithm.normalize_rewards(rewards[rows], kept_ids)
+    # Mini-batches are whole prompt groups: kept rows are grouped, so split on group edges.
+    kept_groups = kept_ids.unique_consecutive()
+    chunks = torch.tensor_split(kept_groups, min(num_minibatches, len(kept_groups)))
+    sizes = tuple(int(torch.isin(kept_ids, c).sum()) for c in chunks)
+    advantages, _ = algorithm.compute_advantages(
+        AdvantageInputs(rewards=scalar, response_mask=kept.response_mask, segment_sizes=sizes)
+    )
+    mask = kept.response_mask.to(torch.float64)
+    per_sample_advantage[rows] = (advantages.to(torch.float64) * mask).sum(1) / mask.sum(1).clamp_min(1.0)
+    old = backend.compute_log_probs(kept).log_probs
+    sums: dict[str, float] = {}
+    offset = 0
+    for size in sizes:
+        part = slice(offset, offset + size)
+        offset += size
+        mini = kept.select(part)
+        n_tokens = float(mini.response_mask.sum())
+
+        def loss_fn(lp, sub, part=part, mini=mini, n_tokens=n_tokens):
+            def sl(x):
+                return x[part][sub]
+
+            return algorithm.policy_loss(
+                PolicyLossInputs(
+                    log_probs=lp.log_probs,
+                    old_log_probs=sl(old),
+                    advantages=sl(advantages),
+                    response_mask=mini.response_mask[sub],
+                    entropy=lp.entropy,
+                    global_num_tokens=n_tokens,
+                    global_num_sequences=float(len(mini)),
+                )
+            )
+
+        for name, value in backend.train_step(mini, loss_fn).items():
+            sums[name] = sums.get(name, 0.0) + float(value)
+    return {name: value / len(sizes) for name, value in sums.items()}
+
+
+__all__ = ["TIMING_PREFIX", "LocalRunResult", "greedy_accuracy", "recipe_config", "train_local"]

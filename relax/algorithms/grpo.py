@@ -77,7 +77,9 @@ class GRPO(RLAlgorithm):
         return log_probs - old_log_probs
 
     def surrogate(self, log_probs, log_ratio, advantages, mask):
-        """Per-token loss ``[N, T]``, per-token boolean flags (averaged into metrics), scalar metrics."""
+        """Per-token loss ``[N, T]``, per-token boolean flags (averaged into metrics), scalar metrics.
+
+        The scalar metrics are this batch's own statistics; ``policy_loss`` turns them into shares."""
         c = self.config
         loss, flags = N.ppo_clip_loss(log_ratio, advantages, c.eps_clip, c.eps_clip_high, c.eps_clip_c)
         return loss, flags, {}
@@ -99,7 +101,15 @@ class GRPO(RLAlgorithm):
         loss = pg_loss
         metrics = {"pg_loss": pg_loss.detach(), "ppo_kl": agg(-log_ratio).detach()}
         metrics.update({k: agg(v.to(per_token.dtype)).detach() for k, v in flags.items()})
-        metrics.update(scalars)
+        if scalars:
+            # Per-batch statistics are not shares by themselves: weight them by this micro-batch's
+            # share of the global valid tokens so that summing over micro-batches and ranks gives
+            # their token-weighted mean (PolicyLossOutput's contract).
+            if inputs.global_num_tokens is None:
+                metrics.update(scalars)
+            else:
+                share = mask.sum().to(torch.float64) / inputs.global_num_tokens
+                metrics.update({k: (v.to(torch.float64) * share).to(v.dtype) for k, v in scalars.items()})
         if c.entropy_coef != 0.0 and entropy is None:
             raise ValueError(
                 f"entropy_coef={c.entropy_coef} needs per-token entropy, but PolicyLossInputs.entropy is None; "

@@ -96,7 +96,17 @@ class PolicyLossInputs:
 
 @attrs.frozen
 class PolicyLossOutput:
-    """A differentiable scalar ``loss`` and detached scalar ``metrics`` (name -> 0-dim tensor)."""
+    """A differentiable scalar ``loss`` and detached scalar ``metrics`` (name -> 0-dim tensor).
+
+    Metrics are additive shares like the loss: normalized with the same global divisors
+    (``PolicyLossInputs.global_num_tokens`` / ``global_num_sequences``), so the sum over the
+    micro-batches and data-parallel ranks of one optimizer step is the full mini-batch value.
+    A per-micro-batch statistic that is not naturally a share (e.g. M2PO's ``m2_before``) is
+    weighted by this micro-batch's share of the global valid tokens, so that the sum is its
+    token-weighted mean over the mini-batch. Backends sum the metrics over micro-batches and the
+    runtime sums them over data-parallel ranks. Without global divisors the metrics are this
+    batch's own values (a share of 1).
+    """
 
     loss: torch.Tensor
     metrics: Mapping[str, torch.Tensor] = attrs.field(factory=dict)

@@ -83,7 +83,8 @@ class TrainingBackend(abc.ABC):
         """One optimizer step over ``batch``: forward (with gradients) per micro-batch, ``loss_fn``,
         backward, gradient clipping, optimizer step. The micro-batch losses are summed, so ``loss_fn``
         must normalize by whole-batch counts (``PolicyLossInputs.global_num_tokens``). Returns metrics,
-        including ``grad_norm`` (before clipping) and the loss metrics averaged over micro-batches."""
+        including ``grad_norm`` (before clipping) and the loss metrics summed over micro-batches (they are
+        shares of the mini-batch, like the loss: see ``PolicyLossOutput``)."""
 
     @abc.abstractmethod
     def state_dict(self) -> dict:

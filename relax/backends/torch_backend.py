@@ -131,14 +131,14 @@ class TorchBackend(TrainingBackend):
     ) -> dict[str, float]:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=False)
-        total_loss, sums, counts = 0.0, {}, {}
+        # Loss and metrics are shares of the mini-batch (PolicyLossOutput): both are summed.
+        total_loss, sums = 0.0, {}
         for rows in _slices(len(batch), micro_batch_size):
             out = loss_fn(self._forward(batch.select(rows), with_entropy=with_entropy), rows)
             out.loss.backward()
             total_loss += float(out.loss.detach())
             for name, value in out.metrics.items():
                 sums[name] = sums.get(name, 0.0) + float(value)
-                counts[name] = counts.get(name, 0) + 1
         params = [p for p in self.model.parameters() if p.requires_grad]
         self._all_reduce_gradients(params)
         max_norm = self.clip_grad if self.clip_grad and self.clip_grad > 0 else math.inf
@@ -152,7 +152,7 @@ class TorchBackend(TrainingBackend):
             )
         self.optimizer.step()
         self.step += 1
-        metrics = {name: sums[name] / counts[name] for name in sums}
+        metrics = dict(sums)
         metrics.update(loss=total_loss, grad_norm=grad_norm, lr=self.optimizer.param_groups[0]["lr"])
         return metrics
 

@@ -3,7 +3,8 @@
 Each actor rank reads its shard of the step from the data plane, computes the old (and, with a KL
 term, reference) log-probs, and runs one optimizer step per mini-batch with ``algorithm.policy_loss``
 normalized by the mini-batch's *global* token and sequence counts, so micro-batching and data
-parallelism reproduce the single-process loss exactly. Rank 0 returns the new weights for the
+parallelism reproduce the single-process loss exactly; its metrics are shares in the same way,
+summed over ranks by the driver (``relax.runtime.actor_metrics``). Rank 0 returns the new weights for the
 rollout. ``ActorCore`` / ``CriticCore`` are plain Python; the ``*Worker`` classes are the Ray actors.
 """
 
@@ -19,6 +20,7 @@ from relax.algorithms import numerics as N
 from relax.backends.base import TokenBatch
 from relax.backends.torch_backend import TorchBackend, response_log_probs
 from relax.runtime import components
+from relax.runtime.actor_metrics import STEP_METRICS_KEY, combine_actor_metrics
 from relax.runtime.schedule import StepPlan, plan_step
 
 BATCH_FIELDS = ("prompt_ids", "prompt_mask", "response_ids", "response_mask")
@@ -190,6 +192,10 @@ class ActorCore:
               return_weights: bool = True):
         """Optimizer steps on this rank's shard; returns ``(metrics, weights or None)``.
 
+        ``metrics[STEP_METRICS_KEY]``: the backend's metrics of each optimizer step (shares of the
+        mini-batch, see ``relax.runtime.actor_metrics``), or None on a rank whose tensor/pipeline
+        peer reports them.
+
         With the Serve advantages role, rank 0 sends the request first and computes the old
         log-probs while the deployment works (two processes, two cores); every rank then reads
         its advantages from the data plane (the read waits until they are written).
@@ -249,7 +255,11 @@ class ActorCore:
             sub = batch.select(rows) if batch is not None else None
             metrics_parts.append(self._optimizer_step(cache, rows, sub, plan.global_tokens[j], plan.global_sequences[j]))
         t2 = time.perf_counter()
-        metrics = {f"actor/{k}": v for k, v in _mean_metrics(metrics_parts).items()}
+        # ``actor/*`` here is this rank's share (the whole value with one rank). The driver sums
+        # the shares of all data-parallel ranks per optimizer step from STEP_METRICS_KEY; only one
+        # rank of each tensor/pipeline group hands them over (its peers hold the same numbers).
+        metrics = {f"actor/{k}": v for k, v in combine_actor_metrics([metrics_parts]).items()}
+        metrics[STEP_METRICS_KEY] = metrics_parts if self.writes_shared_fields else None
         metrics.update(extra_metrics)
         metrics.update({
             "time/actor/read_s": t1 - t0,  # advantages request + shard read + old/reference log-probs

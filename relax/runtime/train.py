@@ -22,6 +22,7 @@ import torch
 
 from relax.algorithms import load_algorithm
 from relax.runtime import roles as R
+from relax.runtime.actor_metrics import STEP_METRICS_KEY, combine_actor_metrics
 from relax.runtime.actor_worker import num_minibatches, plan_from_rollout
 from relax.runtime.data_plane import partition_name
 from relax.runtime.metrics import MetricsLog, summary_table
@@ -448,8 +449,13 @@ class _Pipeline:
         results = _get(refs["train"], "actor/critic")
         now = time.perf_counter()
         self._clear_later(step)  # every consumer of this step is done
-        for part in reversed(results):  # rank 0's metrics win
+        # Each actor rank reports its shares of the loss metrics per optimizer step: sum them over
+        # the data-parallel ranks (relax.runtime.actor_metrics). Other keys: rank 0's win.
+        shares = [part.pop(STEP_METRICS_KEY, None) for part in results[: len(self.rt.actors)]]
+        for part in reversed(results):
             row.update(part)
+        combined = combine_actor_metrics([steps for steps in shares if steps is not None])
+        row.update({f"actor/{k}": v for k, v in combined.items()})
         plan = plan_from_rollout(roll, num_minibatches(self.rt.config), len(self.rt.actors))
         if plan.num_groups == 0:
             row["train/skipped"] = 1  # every group was dropped: nothing trained, weights unchanged

@@ -122,7 +122,7 @@ def test_micro_batching_gives_the_full_batch_gradient():
     for name in full:
         torch.testing.assert_close(micro[name], full[name], rtol=1e-5, atol=1e-7)
     assert m_micro["loss"] == pytest.approx(m_full["loss"], rel=1e-5)
-    assert m_full["rows"] == 8.0 and m_micro["rows"] == pytest.approx(8 / 3)  # metrics: mean over micro-batches
+    assert m_full["rows"] == 8.0 and m_micro["rows"] == 8.0  # metrics: summed over micro-batches (shares)
     assert m_micro["grad_norm"] == pytest.approx(m_full["grad_norm"], rel=1e-5)
 
 

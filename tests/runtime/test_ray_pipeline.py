@@ -167,6 +167,10 @@ def test_gdpo_with_two_data_parallel_actor_workers(ray_cluster, tmp_path):
     metrics, _ = actor.train(1, plan)
     assert rows[0]["rollout/groups_kept"] == plan.num_groups
     assert rows[0]["actor/grad_norm"] == pytest.approx(metrics["actor/grad_norm"], rel=1e-4)
+    # The logged loss metrics are the sums of the two ranks' shares (relax.runtime.actor_metrics),
+    # i.e. the single process's values, not rank 0's half.
+    for key in ("actor/loss", "actor/pg_loss", "actor/ppo_kl", "actor/pg_clipfrac"):
+        assert rows[0][key] == pytest.approx(metrics[key], rel=1e-4, abs=1e-7), key
 
 
 @pytest.mark.timeout(240)

@@ -304,8 +304,9 @@ class MegatronBackend(TrainingBackend):
     ) -> dict[str, float]:
         """Forward/backward over all micro-batches and the DP gradient reduction, without a step.
 
-        ``train_step`` is this plus ``optimizer.step()`` (clipping included). Returns the loss
-        metrics (loss summed over micro-batches, others averaged, like ``TorchBackend``).
+        ``train_step`` is this plus ``optimizer.step()`` (clipping included). Returns the loss and
+        the loss metrics, each summed over micro-batches like ``TorchBackend`` (they are shares of
+        the mini-batch, see ``PolicyLossOutput``).
         """
         rows = self._micro_batches(len(batch), micro_batch_size)
         # Undo Megatron's mean over micro-batches and (for "sum") DDP's mean over DP ranks.
@@ -323,7 +324,7 @@ class MegatronBackend(TrainingBackend):
             store = self._run_schedule(batch, rows, loss_func, forward_only=False)
         metrics = None
         if self.is_last_stage:
-            metrics = {k: float(torch.stack([s[k] for s in store]).mean()) for k in store[0] if k != "__loss"}
+            metrics = {k: float(sum(float(s[k]) for s in store)) for k in store[0] if k != "__loss"}
             metrics["loss"] = float(sum(s["__loss"] for s in store))
         return self._from_last_stage(metrics)
 

@@ -25,17 +25,9 @@ from relax.runtime import roles as R
 from relax.runtime.actor_metrics import STEP_METRICS_KEY, combine_actor_metrics
 from relax.runtime.actor_worker import num_minibatches, plan_from_rollout
 from relax.runtime.data_plane import partition_name
+from relax.runtime.environment import RAY_ENV_DEFAULTS, apply_environment_defaults
 from relax.runtime.metrics import MetricsLog, summary_table
 
-# Environment for Ray/TransferQueue on small machines (shared/notes/ray-and-transferqueue.md D.1).
-RAY_ENV_DEFAULTS = {
-    "RAY_AUTH_MODE": "disabled",  # no token file in ~/.ray, no warning
-    "RAY_USAGE_STATS_ENABLED": "0",
-    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",  # bind Ray, Serve and TQ to 127.0.0.1 on a laptop
-    "TQ_NUM_THREADS": "2",
-    "OMP_NUM_THREADS": "1",
-    "RAY_DEDUP_LOGS": "0",
-}
 WORKER_CPUS = 0.25  # logical: Ray's CPUs are scheduling tokens, not cores
 STARTUP_TIMEOUT_S = 300
 
@@ -118,8 +110,7 @@ def _runtime_env(config) -> dict:
 
 def _start_ray(config) -> bool:
     """Start a local Ray or join ``ray_address``; returns True when this call started/joined it."""
-    for k, v in RAY_ENV_DEFAULTS.items():
-        os.environ.setdefault(k, v)
+    apply_environment_defaults()
     import ray
 
     if ray.is_initialized():

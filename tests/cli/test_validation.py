@@ -452,3 +452,10 @@ def test_default_configuration_of_every_builtin_has_no_unread_flag_warning(cli):
         code, _, err = cli("train", "--dry-run", "--advantage-estimator", name, *required)
         assert code == 0, (name, err)
         assert "does not read" not in err, (name, err)
+
+
+def test_critic_with_hf_checkpoint_is_rejected_before_start(cli, tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    err = rejected(cli, "--advantage-estimator", "ppo", "--hf-checkpoint", tmp_path)
+    assert "PPO (--advantage-estimator ppo) trains a critic (needs_critic)" in err
+    assert "drop --hf-checkpoint" in err

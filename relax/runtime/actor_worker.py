@@ -147,7 +147,9 @@ class ActorCore:
         t0 = time.perf_counter()
         # One task name per rank: tensor/pipeline peers read the same groups, and TransferQueue
         # hands a sample to each task once.
-        read = self.data_plane.read(step, BATCH_FIELDS + ("rewards",) + extra, f"actor{self.rank}", len(uids), uids)
+        # The rewards only when this rank computes the advantages itself (else the deployment does).
+        rewards = ("rewards",) if self.advantages_on_actor else ()
+        read = self.data_plane.read(step, BATCH_FIELDS + rewards + extra, f"actor{self.rank}", len(uids), uids)
         batch = token_batch(read.fields) if uids else None
         return {"step": step, "read": read, "batch": batch, "fields": dict(read.fields),
                 "time/actor/data_read_s": time.perf_counter() - t0}

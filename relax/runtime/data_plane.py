@@ -43,17 +43,30 @@ def tq_config() -> dict:
 
 
 def _densify(value: torch.Tensor, rows: int) -> torch.Tensor:
-    """A jagged nested tensor of uniform row shape -> the dense ``[rows, ...]`` tensor."""
+    """A jagged nested tensor of uniform row shape -> the dense ``[rows, ...]`` tensor.
+
+    Checked on the offsets, not by unbinding the rows: ``unbind`` of a jagged tensor costs about
+    0.6 ms per field on 2 cores (Python dispatch per row), as much as TransferQueue's own transfer.
+    """
     if not getattr(value, "is_nested", False):
         return value
-    parts = value.unbind()
+    if value.layout == torch.jagged and value._lengths is None and value._ragged_idx == 1:
+        lengths = value.offsets().diff()
+        if len(lengths) != rows or bool((lengths != lengths[0]).any()):
+            raise RuntimeError(_RAGGED)
+        values = value.values()
+        return values.reshape(rows, int(lengths[0]), *values.shape[1:])
+    parts = value.unbind()  # any other nested layout: the slow, general check
     shape = parts[0].shape
     if any(p.shape != shape for p in parts):
-        raise RuntimeError(
-            "TransferQueue returned rows of different shapes for one field; relax writes every field "
-            "padded to one width per step, so this is a data-plane bug"
-        )
-    return value.values().reshape(rows, *shape)
+        raise RuntimeError(_RAGGED)
+    return torch.stack(parts) if value.layout != torch.jagged else value.values().reshape(rows, *shape)
+
+
+_RAGGED = (
+    "TransferQueue returned rows of different shapes for one field; relax writes every field padded to "
+    "one width per step, so this is a data-plane bug"
+)
 
 
 def group_rows(group_uids: torch.Tensor) -> tuple[list[int], torch.Tensor]:

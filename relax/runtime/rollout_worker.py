@@ -15,10 +15,10 @@ from relax.rollout.rewards import function_name, score
 from relax.runtime import components
 from relax.runtime.metrics import reward_metrics
 
-# Fields the rollout writes for every kept completion.
-ROLLOUT_FIELDS = (
-    "prompt_ids", "prompt_mask", "response_ids", "response_mask", "rollout_log_probs", "rewards", "raw_rewards",
-)
+# Fields the rollout writes for every kept completion. Masks travel as bool (1 byte, not 8: the
+# readers want bool anyway). The sampler's per-token log-probs are not written: no role reads them,
+# and every field costs a serialization per prompt group on each put and get.
+ROLLOUT_FIELDS = ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "rewards", "raw_rewards")
 
 
 def filter_groups(algorithm, rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
@@ -97,10 +97,9 @@ class RolloutCore:
                 step,
                 {
                     "prompt_ids": batch.prompt_ids[keep],
-                    "prompt_mask": batch.prompt_mask[keep],
+                    "prompt_mask": batch.prompt_mask[keep].bool(),
                     "response_ids": batch.response_ids[keep],
-                    "response_mask": batch.response_mask[keep],
-                    "rollout_log_probs": gen.log_probs[keep],
+                    "response_mask": batch.response_mask[keep].bool(),
                     "rewards": normalized.float(),
                     "raw_rewards": rewards[keep],
                 },

@@ -22,6 +22,7 @@ from relax.backends.torch_backend import TorchBackend, response_log_probs
 from relax.runtime import components
 from relax.runtime.actor_metrics import STEP_METRICS_KEY, combine_actor_metrics
 from relax.runtime.schedule import StepPlan, plan_step
+from relax.runtime.weights import pack_weights
 
 BATCH_FIELDS = ("prompt_ids", "prompt_mask", "response_ids", "response_mask")
 
@@ -437,11 +438,13 @@ class ActorWorker(_Attaching, ActorCore):
         return self.prepare(step, plan) if plan.num_groups else {}
 
     def train_step(self, step: int, roll: dict, with_values: bool = False, with_kl: bool = False):
-        """Two return values: (metrics, weights or None)."""
+        """Two return values: (metrics, packed weights or None)."""
         plan = self._plan(roll)
         if plan.num_groups == 0:
             return {}, None  # every group was dropped: nothing to train on, weights unchanged
-        return self.train(step, plan, with_values=with_values, with_kl=with_kl)
+        metrics, weights = self.train(step, plan, with_values=with_values, with_kl=with_kl)
+        # One byte buffer crosses to the rollout faster than a dict of tensors (relax.runtime.weights).
+        return metrics, (pack_weights(weights) if weights is not None else None)
 
 
 class CriticWorker(_Attaching, CriticCore):

@@ -14,6 +14,7 @@ from relax.rollout.base import SamplingParams
 from relax.rollout.rewards import function_name, score
 from relax.runtime import components
 from relax.runtime.metrics import reward_metrics
+from relax.runtime.weights import unpack_weights
 
 # Fields the rollout writes for every kept completion. Masks travel as bool (1 byte, not 8: the
 # readers want bool anyway). The sampler's per-token log-probs are not written: no role reads them,
@@ -58,12 +59,13 @@ class RolloutCore:
 
     # -- one training step --
     def step(self, step: int, weights=None, *after) -> dict:
-        """One rollout. ``after``: results of the previous step's consumers (Ray resolves them before
+        """One rollout with ``weights`` (a state dict, ``PackedWeights``, or None: keep the current
+        ones). ``after``: results of the previous step's consumers (Ray resolves them before
         this runs, so the rollout never overtakes the training it depends on). The driver drops the
         previous step's partition."""
         t0 = time.perf_counter()
         if weights is not None:
-            self.engine.load_weights(weights)
+            self.engine.load_weights(unpack_weights(weights))
         n = self.config.algorithm.n_samples_per_prompt
         prompts = self.prompts.next_batch(self.config.rollout_batch_size)
         ids = [self.tokenizer.encode(p.text) for p in prompts]

@@ -74,8 +74,10 @@ class RolloutCore:
         gen = self.engine.generate(repeated, self.params, generator=self.generator)
         t2 = time.perf_counter()
         batch = gen.batch
+        # Plain lists, not per-row tensor indexing (256 small tensor ops cost ~1 ms on 2 cores).
         completions = [
-            self.tokenizer.decode(r[m].tolist()) for r, m in zip(batch.response_ids, batch.response_mask)
+            self.tokenizer.decode([t for t, m in zip(ids, mask) if m])
+            for ids, mask in zip(batch.response_ids.tolist(), batch.response_mask.tolist())
         ]
         group_ids = torch.arange(len(prompts)).repeat_interleave(n)
         texts = [prompts[g].text for g in group_ids.tolist()]

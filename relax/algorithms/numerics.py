@@ -41,6 +41,9 @@ LOSS_AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum")
 # (O(N)); anything else is compacted with torch.unique (a sort, O(N log N)).
 _DENSE_ID_FACTOR = 4
 _DENSE_ID_SLACK = 1024
+# group_standardize of [N, K] goes column by column (1-D kernels) from this many samples on; below
+# it, the per-column Python overhead costs more than the faster kernels save (measured on CPU).
+_COLUMNWISE_MIN_SAMPLES = 32768
 
 
 # ---------------------------------------------------------------------------------------------
@@ -173,9 +176,14 @@ class Groups:
 
     def first_member(self) -> torch.Tensor:
         """Per group row: the position of its first sample (0 for unused rows)."""
-        positions = torch.arange(self.index.shape[0], device=self.index.device)
-        out = torch.zeros(self.num_groups, dtype=torch.int64, device=self.index.device)
-        return out.scatter_reduce_(0, self.index, positions, reduce="amin", include_self=False)
+        n = self.index.shape[0]
+        positions = torch.arange(n, device=self.index.device)
+        # Start every row at n (past every position) and let the rows' own value take part
+        # (include_self=True): the minimum of a used row is the same as with include_self=False,
+        # but the kernel skips that mode's per-row "first write" bookkeeping (~3x faster on CPU).
+        out = torch.full((self.num_groups,), n, dtype=torch.int64, device=self.index.device)
+        out.scatter_reduce_(0, self.index, positions, reduce="amin", include_self=True)
+        return out.masked_fill_(out == n, 0)
 
     def _reduce(self, x: torch.Tensor, how: str) -> torch.Tensor:
         out = x.new_zeros((self.num_groups,) + tuple(x.shape[1:]))
@@ -234,8 +242,36 @@ def group_standardize(
     (page faults) than the arithmetic.
     """
     g = group_ids if isinstance(group_ids, Groups) else Groups(group_ids)
-    scratch = g.broadcast(values.index_select(0, g.first_member()))
-    out = torch.sub(values, scratch)
+    first = g.first_member()
+    out = values.new_empty(values.shape)
+    if values.dim() == 1 or values.shape[0] < _COLUMNWISE_MIN_SAMPLES:
+        return _standardize_into(out, values, g, first, eps, divide_by_std)
+    # Large [N, K]: one column at a time, read from and written to strided column views. The 1-D
+    # index_add_/index_select kernels are ~2x faster than the 2-D scatter path, and each column's
+    # sums still run over its samples in sample order, so the bits are those of the 2-D reduction.
+    # (Transposing to [K, N] and back would cost more than the kernels save.)
+    scratch = values.new_empty(values.shape[:1])
+    for k in range(values.shape[1]):
+        _standardize_into(out[:, k], values[:, k], g, first, eps, divide_by_std, scratch)
+    return out
+
+
+def _standardize_into(
+    out: torch.Tensor,
+    x: torch.Tensor,
+    g: Groups,
+    first: torch.Tensor,
+    eps: float,
+    divide_by_std: bool,
+    scratch: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``group_standardize`` of ``x`` (``[N]``, any stride, or ``[N, K]``) written into ``out``.
+
+    ``scratch``: a contiguous buffer of x's shape (allocated if None).
+    """
+    scratch = x.new_empty(x.shape) if scratch is None else scratch
+    torch.index_select(x.index_select(0, first), 0, g.index, out=scratch)  # x_first per sample
+    torch.sub(x, scratch, out=out)
     out.sub_(torch.index_select(g.mean(out), 0, g.index, out=scratch))
     if divide_by_std:
         std = g.std_from_deviations(out, scratch=scratch)
@@ -392,19 +428,23 @@ def whiten_segments(
     n, device = values.shape[0], values.device
     sizes, error = _check_segments(segment_sizes, n)
     error = error or _non_finite_message(values, None, what)
-    # Agreement: MAX of [-S, S, bad] (a failed rank contributes 0 segments, which is neutral for MAX).
-    s_local = 0 if error else len(sizes)
-    agree = torch.tensor([-s_local, s_local, 1 if error else 0], dtype=torch.int64, device=device)
-    _all_reduce(agree, dist.ReduceOp.MAX, process_group)
-    if int(agree[2]):
-        raise ValueError(error or f"another rank in the process group reported malformed segment_sizes or a "
-                         f"non-finite value for {what}; see its error message")
-    low, high = -int(agree[0]), int(agree[1])
-    if low != high:
-        raise ValueError(
-            f"segment_sizes describes {len(sizes)} segment(s) on this rank, but ranks in the process group report "
-            f"between {low} and {high}; every rank must split its shard into the same number of mini-batches"
-        )
+    if process_group is None and error:
+        raise ValueError(error)
+    if process_group is not None:
+        # Agreement: MAX of [-S, S, bad] (a failed rank contributes 0 segments, neutral for MAX).
+        s_local = 0 if error else len(sizes)
+        agree = torch.tensor([-s_local, s_local, 1 if error else 0], dtype=torch.int64, device=device)
+        _all_reduce(agree, dist.ReduceOp.MAX, process_group)
+        if int(agree[2]):
+            raise ValueError(error or f"another rank in the process group reported malformed segment_sizes or "
+                             f"a non-finite value for {what}; see its error message")
+        low, high = -int(agree[0]), int(agree[1])
+        if low != high:
+            raise ValueError(
+                f"segment_sizes describes {len(sizes)} segment(s) on this rank, but ranks in the process group "
+                f"report between {low} and {high}; every rank must split its shard into the same number of "
+                "mini-batches"
+            )
     segments = _Segments(sizes, device)
     x = segments.shape(values.to(torch.float64))
     count = torch.tensor(sizes, dtype=torch.float64, device=device)
@@ -418,16 +458,19 @@ def whiten_segments(
     # Exact collapse test (global min == max) without two scatter reductions: a segment is collapsed
     # iff on every rank all its values equal that rank's first value, and those first values agree
     # across ranks. One MAX all-reduce of [-first, first, any_differs]; empty shards give -inf.
-    nonempty = torch.tensor([s > 0 for s in sizes], dtype=torch.bool, device=device)
     starts = torch.tensor((0,) + tuple(itertools.accumulate(sizes))[:-1], dtype=torch.int64, device=device)
     flat = x.reshape(-1)
     rep = flat.index_select(0, starts.clamp(max=n - 1)) if n else torch.zeros(len(sizes), **_f64(device))
-    differs = segments.sum((x != segments.spread(rep)).to(torch.float64)) > 0
-    minus_inf = torch.full_like(rep, float("-inf"))
-    ext = torch.stack([torch.where(nonempty, -rep, minus_inf), torch.where(nonempty, rep, minus_inf),
-                       differs.to(torch.float64)], dim=1)
-    _all_reduce(ext, dist.ReduceOp.MAX, process_group)
-    collapsed = (count == 0) | ((ext[:, 2] == 0) & (-ext[:, 0] == ext[:, 1]))
+    differs = segments.any(x != segments.spread(rep))
+    if process_group is None:
+        collapsed = (count == 0) | ~differs  # alone: no other rank's representatives to compare
+    else:
+        nonempty = torch.tensor([s > 0 for s in sizes], dtype=torch.bool, device=device)
+        minus_inf = torch.full_like(rep, float("-inf"))
+        ext = torch.stack([torch.where(nonempty, -rep, minus_inf), torch.where(nonempty, rep, minus_inf),
+                           differs.to(torch.float64)], dim=1)
+        _all_reduce(ext, dist.ReduceOp.MAX, process_group)
+        collapsed = (count == 0) | ((ext[:, 2] == 0) & (-ext[:, 0] == ext[:, 1]))
     out = dev.div_(segments.spread(std.add_(eps))).masked_fill_(segments.spread(collapsed), 0.0)
     return out.reshape(-1).to(values.dtype if values.is_floating_point() else torch.float32)
 
@@ -567,6 +610,12 @@ class _Segments:
 
     def spread(self, per_segment: torch.Tensor) -> torch.Tensor:
         return per_segment[:, None] if self.equal else per_segment.index_select(0, self.index)
+
+    def any(self, flags: torch.Tensor) -> torch.Tensor:
+        """Per segment: is any of the (bool) ``flags`` set? (Empty segments: False.)"""
+        if self.equal:
+            return flags.any(dim=1)
+        return flags.new_zeros(self.n_seg, dtype=torch.int32).index_add_(0, self.index, flags.to(torch.int32)) > 0
 
 
 def masked_whiten(

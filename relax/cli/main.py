@@ -19,7 +19,6 @@ from relax.cli.build import build_run_config
 from relax.cli.config_file import ConfigFileError, config_to_dict, read_config_file, write_effective_config
 from relax.cli.validation import ConfigError, resolve_batch_shape, validate
 from relax.runtime.config import RunConfig
-from relax.runtime.environment import apply_environment_defaults
 
 TRAIN_DESCRIPTION = """\
 Train a policy with an RL method. Everything is checked before any process starts; a rejected
@@ -107,7 +106,6 @@ def _make_cwd_importable() -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     _make_cwd_importable()
-    apply_environment_defaults()  # before anything imports ray or transfer_queue
     parser, subparsers = build_parser()
     if argv[:1] == ["train"]:
         config, args = prepare_train_config(argv, parser, subparsers["train"])

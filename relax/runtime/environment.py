@@ -16,8 +16,8 @@ RAY_ENV_DEFAULTS = {
 
 
 def apply_environment_defaults() -> None:
-    """Set each default the user has not set. Must run before ray / transfer_queue are imported or
-    started: some of these are read once at import time, and a value set later did not reach every
-    TransferQueue process in practice (the storage unit kept logging TQ_NUM_THREADS warnings)."""
+    """Set each default the user has not set. Must run before transfer_queue is imported (it reads
+    TQ_NUM_THREADS once, at import: set later, its storage unit logged a warning on every put/get)
+    and before Ray starts (``relax.runtime.sampler`` and ``train._start_ray`` call it)."""
     for key, value in RAY_ENV_DEFAULTS.items():
         os.environ.setdefault(key, value)

@@ -1,7 +1,7 @@
 """The bare single-process RL loop on the embedded default (no Ray, no data plane).
 
 The reference that ``benchmarks/pipeline.py`` compares ``relax train`` against, and the proof of the
-recipe in ``shared/notes/embedded-default.md``: the shipped warm-up model, the addition task,
+recipe in ``docs/en/embedded-default.md``: the shipped warm-up model, the addition task,
 ``TinyEngine`` for sampling and ``TorchBackend`` for training, driven by one ``RLAlgorithm`` object
 exactly as the pipeline drives it (group filter -> ``normalize_rewards`` -> ``compute_advantages``
 with ``segment_sizes`` -> one optimizer step per mini-batch with ``policy_loss``).

@@ -69,7 +69,7 @@ def runtime(algo: str, steps: int, out_dir: str) -> dict:
     keys = get_task("addition").reward_keys
     config = RunConfig(
         advantage_estimator=algo,
-        # the bare loop's algorithm configuration (shared/notes/embedded-default.md recipe)
+        # the bare loop's algorithm configuration (the recipe of docs/en/embedded-default.md)
         algorithm=AlgorithmConfig(n_samples_per_prompt=SAMPLES, reward_keys=keys, eps_clip=0.2, eps_clip_high=0.28,
                                   loss_aggregation="token_mean"),
         rollout_batch_size=PROMPTS,

@@ -2,7 +2,7 @@
 
 Starting Ray, TransferQueue and Serve costs 10-30 s on a busy 2-core machine, so every test marked
 ``ray`` shares the cluster that ``ray_cluster`` starts on first use and stops at the end of the
-session (see shared/notes/ray-and-transferqueue.md D.2). Tests that never request it never start it.
+session (see docs/en/ray-and-transferqueue.md#test-cluster). Tests that never request it never start it.
 
 ``ray_cluster`` yields a directory on the workers' PYTHONPATH: a test writes a user module there
 (e.g. an ``RLAlgorithm`` subclass for ``--advantage-estimator my_mod:MyAlgo``) and every Ray worker

@@ -2,7 +2,7 @@
 
 Each run trains the shipped warm-up model with ``relax.runtime.local_loop.train_local`` (one process,
 one thread, 32 prompts x 8 samples, two mini-batches per rollout) and logs every reward component
-and the multi-reward diagnostics at every step. Settings (``shared/notes/embedded-default.md``):
+and the multi-reward diagnostics at every step. Settings (``docs/en/embedded-default.md``):
 
 - A: the four components correct, digits, format, length, weight 1 each (balanced);
 - B: the same with ``length`` x10 (optional: not in the default run);
@@ -89,7 +89,7 @@ SETTINGS = {
     ),
 }
 
-# What shared/notes/embedded-default.md measured (3 seeds, last 100 of 600 steps); the report
+# What the prototype in docs/en/embedded-default.md measured (3 seeds, last 100 of 600 steps); the report
 # checks each setting's numbers against these qualitative expectations.
 NOTE_EXPECTS = {
     "A": "no difference beyond seed noise (correct 0.967 GRPO vs 0.960 GDPO)",

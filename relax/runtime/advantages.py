@@ -2,7 +2,7 @@
 and calls ``compute_advantages`` on the whole step, one segment per optimizer mini-batch.
 
 ``AdvantagesCore`` is plain Python (unit-testable without Ray); ``AdvantagesDeployment`` wraps it
-for Serve. Settings follow shared/notes/ray-and-transferqueue.md A.3: a fractional CPU, no HTTP
+for Serve. Settings follow docs/en/ray-and-transferqueue.md#serve-settings: a fractional CPU, no HTTP
 proxy (the runtime calls it through a handle), access logs off, fast graceful shutdown.
 """
 

@@ -7,7 +7,7 @@ mostly per sample (get_data: ~12 ms for 256 single-completion rows vs ~3 ms for 
 measured on 2 cores), drops by the group size. Every row carries its group uid in ``custom_meta`` and
 every read goes through ``PromptGroupSampler``, which hands out the requested groups by uid.
 
-Workarounds for TransferQueue 0.1.11 (see shared/notes/ray-and-transferqueue.md, B.4):
+Workarounds for TransferQueue 0.1.11 (see docs/en/ray-and-transferqueue.md#transferqueue-workarounds):
 
 1. its controller and storage units each ask Ray for one CPU: the runtime starts Ray with more
    logical CPUs than cores, and we run a single storage unit;

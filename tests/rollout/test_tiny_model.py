@@ -199,7 +199,7 @@ def test_shipped_warmup_checkpoint():
     measured = measure_base_rates(model)
     for key, value in recorded.items():
         assert abs(measured[key] - value) < 0.02, (key, value, measured[key])
-    # mid-range: what RL needs to explore from (shared/notes/embedded-default.md)
+    # mid-range: what RL needs to explore from (docs/en/embedded-default.md)
     assert 0.05 < recorded["correct"] < 0.35 and 0.25 < recorded["format"] < 0.75
 
 

@@ -3,7 +3,7 @@
 megatron-core hard-codes CUDA in a handful of places that the Megatron backend reaches even with a
 CPU-safe configuration (``use_cpu_initialization=True``, learned absolute positions, an explicit
 attention mask, dropout 0 with the inference RNG tracker). Measured on megatron-core 0.16.1
-(see ``shared/notes/megatron-on-cpu.md``, "failure ladder"):
+(see ``docs/en/megatron-on-cpu.md``, "Failure ladder"):
 
 - ``torch.cuda.current_device()`` as an allocation device: the attention scratch buffer
   (``core/utils.py`` ``GlobalMemoryBuffer``), the DDP gradient buffer (``param_and_grad_buffer.py``).

@@ -5,7 +5,7 @@ Vocabulary (id: token)::
     0 <pad>   1 <bos>   2 <eos>   3..12 the digits 0..9   13 +   14 =   15 <a>   16 </a>
 
 The answer tags are *single* tokens: a randomly initialised model spelling ``< a >`` out of three
-tokens gets no format signal at all (measured, see ``shared/notes/embedded-default.md``).
+tokens gets no format signal at all (measured, see ``docs/en/embedded-default.md``).
 
 Text form: tokens are written next to each other without separators, e.g. ``"<bos>3+4="`` and
 ``"<a>7</a><eos>"``; whitespace is ignored by ``encode``. ``decode`` keeps every special token

@@ -3,7 +3,7 @@
 Why: from random init, RL on the addition task learns format and length but correctness collapses
 onto the best constant answer. A short supervised phase on *deliberately flawed* demonstrations
 puts every reward component mid-range, so RL has something to explore from (see
-``shared/notes/embedded-default.md``).
+``docs/en/embedded-default.md``).
 
 Each demonstration independently: has the right answer or a wrong one (p = 0.5 each); has intact
 tags ``<a>…</a>`` or broken ones (p = 0.5: opening tag dropped, closing tag dropped, both dropped,

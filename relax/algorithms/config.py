@@ -1,4 +1,7 @@
-"""``AlgorithmConfig``: every algorithm hyper-parameter, named after its command-line flag.
+"""``AlgorithmConfig``: every algorithm hyper-parameter, each field declaring its command-line flag.
+
+A field's ``metadata=flag(...)`` (``relax.algorithms.flags``) holds its flag's help text, ``--help``
+group and value parser; the ``relax train`` parser is generated from it.
 
 Only per-field checks live here (types, ranges, enums). Rules that depend on which algorithm runs
 (e.g. "GDPO needs two reward keys") are derived from the algorithm's capability attributes by the
@@ -11,18 +14,28 @@ import math
 
 import attrs
 
-KL_ESTIMATORS = ("k1", "k2", "k3", "low_var_kl")
-LOSS_AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum")
+from relax.algorithms.flags import (
+    finite_float,
+    flag,
+    flag_name,
+    non_negative_float,
+    positive_float,
+    positive_int,
+    reward_key_name,
+    unit_interval,
+)
+from relax.algorithms.numerics import KL_ESTIMATORS, LOSS_AGGREGATIONS
+
 GDPO_BASELINES = ("mean", "leave_one_out")
 GDPO_WHITEN_UNITS = ("sample", "token")
 GDPO_WHITEN_SCOPES = ("minibatch", "rollout")
 GDPO_CONSTANT_COMPONENTS = ("zero", "formula")
 GDPO_PRESETS = ("nvlabs-trl", "nvlabs-verl")
+GDPO_GROUP = "GDPO variants (see `relax algorithms gdpo`)"  # their --help group
 
 # GDPO variant axes (see relax/algorithms/gdpo.py). The fields default to None = "not set": the
 # value then comes from --gdpo-preset if one is given, else from GDPO_AXIS_DEFAULTS (this project's
 # recommended semantics). None is what lets a preset tell an axis the user set from one left alone.
-_GDPO_GROUP = "GDPO variants (see `relax algorithms gdpo`)"
 GDPO_AXIS_DEFAULTS = {
     "gdpo_baseline": "mean",
     "gdpo_std_eps": 1e-4,
@@ -87,15 +100,6 @@ def _optional(check):
     return optional_check
 
 
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
-def _gdpo_flag(help: str, **flag) -> dict:
-    """attrs metadata from which the command line builds the flag (group, help, choices, type)."""
-    return {"group": _GDPO_GROUP, "help": help, **flag}
-
-
 def _to_float_tuple(value):
     return tuple(float(v) for v in value) if value is not None else None
 
@@ -113,66 +117,105 @@ class AlgorithmConfig:
     ``reward_weights`` defaults to one per reward key. ``eps_clip_high`` defaults to ``eps_clip``.
     """
 
-    n_samples_per_prompt: int = attrs.field(default=8)
-    reward_keys: tuple[str, ...] = attrs.field(default=("reward",), converter=_to_str_tuple)
-    reward_weights: tuple[float, ...] | None = attrs.field(default=None, converter=_to_float_tuple)
+    # Each field's metadata declares its command-line flag (help, --help group, value parser).
+    n_samples_per_prompt: int = attrs.field(default=8, metadata=flag(
+        "completions per prompt (group size)", group="batch shape", type=positive_int))
+    # reward_keys' flag defaults to None: the command line derives the keys from the task or data.
+    reward_keys: tuple[str, ...] = attrs.field(default=("reward",), converter=_to_str_tuple, metadata=flag(
+        "reward components, in the column order the algorithm sees (default: the built-in task's "
+        "components; 'reward' with --prompt-data or --custom-rm-path)", group="rewards",
+        names=("--reward-keys", "--gdpo-reward-keys"), nargs="+", type=reward_key_name, metavar="KEY",
+        default=None))
+    reward_weights: tuple[float, ...] | None = attrs.field(
+        default=None, converter=_to_float_tuple, metadata=flag(
+            "one weight per reward key (default: 1.0 each)", group="rewards",
+            names=("--reward-weights", "--gdpo-reward-weights"), nargs="+", type=finite_float, metavar="W"),
+    )
     # PPO-style clipping
-    eps_clip: float = attrs.field(default=0.2, validator=_positive)
-    eps_clip_high: float | None = attrs.field(default=None, validator=_positive)
-    eps_clip_c: float | None = attrs.field(default=None, validator=_finite)
+    eps_clip: float = attrs.field(default=0.2, validator=_positive, metadata=flag(
+        "PPO clip range: the ratio is clipped to [1 - eps_clip, 1 + eps_clip_high]", group="algorithm",
+        type=positive_float))
+    eps_clip_high: float | None = attrs.field(default=None, validator=_positive, metadata=flag(
+        "upper clip range (default: --eps-clip)", group="algorithm", type=positive_float))
+    eps_clip_c: float | None = attrs.field(default=None, validator=_finite, metadata=flag(
+        "dual-clip constant c > 1 for negative advantages (off when unset)", group="algorithm",
+        type=finite_float))
     # returns / GAE
-    gamma: float = attrs.field(default=1.0, validator=_unit_interval)
-    lam: float = attrs.field(default=1.0, validator=_unit_interval)
+    gamma: float = attrs.field(default=1.0, validator=_unit_interval, metadata=flag(
+        "discount factor (REINFORCE++ returns, GAE)", group="algorithm", type=unit_interval))
+    lam: float = attrs.field(default=1.0, validator=_unit_interval, metadata=flag(
+        "GAE lambda", group="algorithm", names=("--lambd", "--lam"), type=unit_interval))
     # KL: reward-side shaping (kl_coef) and/or a loss term (use_kl_loss, kl_loss_coef)
-    kl_coef: float = attrs.field(default=0.0, validator=_non_negative)
-    use_kl_loss: bool = False
-    kl_loss_coef: float = attrs.field(default=0.0, validator=_non_negative)
-    kl_loss_type: str = attrs.field(default="k1", validator=_one_of(KL_ESTIMATORS))
-    entropy_coef: float = attrs.field(default=0.0, validator=_finite)
+    kl_coef: float = attrs.field(default=0.0, validator=_non_negative, metadata=flag(
+        "reward-side KL shaping coefficient (needs reference log-probs)", group="algorithm",
+        type=non_negative_float))
+    use_kl_loss: bool = attrs.field(default=False, metadata=flag(
+        "add a KL(policy || reference) term to the loss, weighted by --kl-loss-coef", group="algorithm"))
+    kl_loss_coef: float = attrs.field(default=0.0, validator=_non_negative, metadata=flag(
+        "weight of the KL loss term (with --use-kl-loss)", group="algorithm", type=non_negative_float))
+    kl_loss_type: str = attrs.field(default="k1", validator=_one_of(KL_ESTIMATORS), metadata=flag(
+        "KL estimator for reward shaping and the KL loss", group="algorithm", choices=KL_ESTIMATORS))
+    entropy_coef: float = attrs.field(default=0.0, validator=_finite, metadata=flag(
+        "entropy bonus weight in the loss", group="algorithm", type=finite_float))
     # normalization switches
-    normalize_advantages: bool = False
-    grpo_std_normalization: bool = True
-    rewards_normalization: bool = True
-    loss_aggregation: str = attrs.field(default="token_mean", validator=_one_of(LOSS_AGGREGATIONS))
+    normalize_advantages: bool = attrs.field(default=False, metadata=flag(
+        "whiten advantages over the batch (required or forbidden by some methods)", group="algorithm"))
+    grpo_std_normalization: bool = attrs.field(default=True, metadata=flag(
+        "group rewards are only centred, not divided by the group std (Dr. GRPO)", group="algorithm",
+        names=("--disable-grpo-std-normalization",)))
+    rewards_normalization: bool = attrs.field(default=True, metadata=flag(
+        "skip the algorithm's reward normalization (raw rewards become the scalar reward)",
+        group="algorithm", names=("--disable-rewards-normalization",)))
+    loss_aggregation: str = attrs.field(
+        default="token_mean", validator=_one_of(LOSS_AGGREGATIONS), metadata=flag(
+            "how per-token losses are reduced: token_mean = over all valid tokens of the batch (global "
+            "per-token loss); seq_mean_token_mean / seq_mean_token_sum = per sequence first",
+            group="algorithm", choices=LOSS_AGGREGATIONS),
+    )
     # SAPO soft gate temperatures
-    sapo_tau_pos: float = attrs.field(default=1.0, validator=_positive)
-    sapo_tau_neg: float = attrs.field(default=1.05, validator=_positive)
+    sapo_tau_pos: float = attrs.field(default=1.0, validator=_positive, metadata=flag(
+        "SAPO gate temperature for positive advantages", group="algorithm", type=positive_float))
+    sapo_tau_neg: float = attrs.field(default=1.05, validator=_positive, metadata=flag(
+        "SAPO gate temperature for negative advantages", group="algorithm", type=positive_float))
     # M2PO second-moment trust region
-    m2po_kl2_budget: float = attrs.field(default=0.01, validator=_non_negative)
-    m2po_miniclip_low: float = attrs.field(default=0.3, validator=_unit_interval)
-    m2po_miniclip_high: float = attrs.field(default=0.5, validator=_non_negative)
-    # GDPO variant axes: None = not set (the preset's value, else GDPO_AXIS_DEFAULTS). The metadata
-    # gives the command line its choices and help text.
+    m2po_kl2_budget: float = attrs.field(default=0.01, validator=_non_negative, metadata=flag(
+        "M2PO second-moment budget on harmful tokens", group="algorithm", type=non_negative_float))
+    m2po_miniclip_low: float = attrs.field(default=0.3, validator=_unit_interval, metadata=flag(
+        "M2PO floor of the lower clip range", group="algorithm", type=unit_interval))
+    m2po_miniclip_high: float = attrs.field(default=0.5, validator=_non_negative, metadata=flag(
+        "M2PO floor of the upper clip range", group="algorithm", type=non_negative_float))
+    # GDPO variant axes: None = not set (the preset's value, else GDPO_AXIS_DEFAULTS).
     gdpo_baseline: str | None = attrs.field(
-        default=None, validator=_optional(_one_of(GDPO_BASELINES)), metadata=_gdpo_flag(
+        default=None, validator=_optional(_one_of(GDPO_BASELINES)), metadata=flag(
             "GDPO per-component group baseline: mean, or leave_one_out (the mean of the other samples "
-            "of the group) (default: mean)", choices=GDPO_BASELINES),
+            "of the group) (default: mean)", group=GDPO_GROUP, choices=GDPO_BASELINES),
     )
     gdpo_std_eps: float | None = attrs.field(
-        default=None, validator=_positive, metadata=_gdpo_flag(
+        default=None, validator=_positive, metadata=flag(
             "GDPO epsilon added to the std in (x - baseline) / (std + eps), in the group step and the batch "
-            "whitening (default: 1e-4)", type="positive_float", metavar="EPS"),
+            "whitening (default: 1e-4)", group=GDPO_GROUP, type=positive_float, metavar="EPS"),
     )
     gdpo_whiten_unit: str | None = attrs.field(
-        default=None, validator=_optional(_one_of(GDPO_WHITEN_UNITS)), metadata=_gdpo_flag(
+        default=None, validator=_optional(_one_of(GDPO_WHITEN_UNITS)), metadata=flag(
             "GDPO batch whitening statistics: per completion (sample), or over valid response tokens so "
-            "longer answers weigh more (token) (default: sample)", choices=GDPO_WHITEN_UNITS),
+            "longer answers weigh more (token) (default: sample)", group=GDPO_GROUP,
+            choices=GDPO_WHITEN_UNITS),
     )
     gdpo_whiten_scope: str | None = attrs.field(
-        default=None, validator=_optional(_one_of(GDPO_WHITEN_SCOPES)), metadata=_gdpo_flag(
+        default=None, validator=_optional(_one_of(GDPO_WHITEN_SCOPES)), metadata=flag(
             "GDPO batch whitening over each optimizer mini-batch (minibatch), or one statistic over the "
-            "whole rollout (rollout) (default: minibatch)", choices=GDPO_WHITEN_SCOPES),
+            "whole rollout (rollout) (default: minibatch)", group=GDPO_GROUP, choices=GDPO_WHITEN_SCOPES),
     )
     gdpo_constant_component: str | None = attrs.field(
-        default=None, validator=_optional(_one_of(GDPO_CONSTANT_COMPONENTS)), metadata=_gdpo_flag(
+        default=None, validator=_optional(_one_of(GDPO_CONSTANT_COMPONENTS)), metadata=flag(
             "GDPO: a component exactly constant within its group gives exactly 0 (zero), or plain "
             "(r - mean) / (std + eps) with its rounding residue (formula) (default: zero)",
-            choices=GDPO_CONSTANT_COMPONENTS),
+            group=GDPO_GROUP, choices=GDPO_CONSTANT_COMPONENTS),
     )
     gdpo_preset: str | None = attrs.field(
-        default=None, validator=_optional(_one_of(GDPO_PRESETS)), metadata=_gdpo_flag(
+        default=None, validator=_optional(_one_of(GDPO_PRESETS)), metadata=flag(
             "reproduce a reference GDPO exactly: nvlabs-trl or nvlabs-verl (sets the --gdpo-* axes; do "
-            "not set them as well)", choices=GDPO_PRESETS),
+            "not set them as well)", group=GDPO_GROUP, choices=GDPO_PRESETS),
     )
 
     def __attrs_post_init__(self):
@@ -204,9 +247,10 @@ class AlgorithmConfig:
         for name, value in GDPO_PRESET_AXES[preset].items():
             mine = getattr(self, name)
             if mine is not None:
+                axis_flag = flag_name(attrs.fields_dict(AlgorithmConfig)[name])
                 raise ValueError(
                     f"{name}={mine!r} conflicts with gdpo_preset={preset!r}, which sets {name} to "
-                    f"{value!r} to reproduce the reference exactly; drop {_flag(name)} or --gdpo-preset"
+                    f"{value!r} to reproduce the reference exactly; drop {axis_flag} or --gdpo-preset"
                 )
         if preset == "nvlabs-trl" and len(self.reward_keys) < 2:
             raise ValueError(

@@ -17,6 +17,7 @@ import attrs
 from relax.algorithms import BUILTIN_ALGORITHMS, CAPABILITIES, load_algorithm
 from relax.algorithms.base import RLAlgorithm
 from relax.algorithms.config import AlgorithmConfig
+from relax.algorithms.flags import flag_default, flag_of, option_strings
 
 # Short column headings for the table; the legend under it spells each one out.
 COLUMN_LABELS = {
@@ -108,15 +109,7 @@ def format_table(classes) -> str:
     return "\n".join(out)
 
 
-def _flag_table(parser: argparse.ArgumentParser | None) -> dict[str, argparse.Action]:
-    if parser is None:
-        from relax.cli.arguments import build_train_parser
-
-        parser = build_train_parser()
-    return {a.dest: a for a in parser._actions if a.option_strings}
-
-
-def format_details(cls: type[RLAlgorithm], parser: argparse.ArgumentParser | None = None) -> str:
+def format_details(cls: type[RLAlgorithm]) -> str:
     """Docstring, capabilities and hyper-parameter flags of one method."""
     out = [f"{_display_name(cls)}  ({cls.__module__}.{cls.__qualname__})", ""]
     doc = algorithm_doc(cls)
@@ -130,15 +123,12 @@ def format_details(cls: type[RLAlgorithm], parser: argparse.ArgumentParser | Non
     out.append("")
     if cls.hyperparameters:
         out.append("Hyper-parameters (flag, default, help):")
-        flags = _flag_table(parser)
-        for field in cls.hyperparameters:
-            action = flags.get(field)
-            if action is None:
-                out.append(f"  {field}")
-                continue
-            default = action.default
+        fields = attrs.fields_dict(AlgorithmConfig)
+        for name in cls.hyperparameters:  # AlgorithmConfig field names (checked when the class is defined)
+            field = fields[name]
+            default = flag_default(field)
             shown = "" if default is None or isinstance(default, bool) else f" (default: {default})"
-            out.append(f"  {', '.join(action.option_strings)}{shown}: {action.help}")
+            out.append(f"  {', '.join(option_strings(field))}{shown}: {flag_of(field).help}")
     else:
         out.append("Hyper-parameters: none beyond the common flags (see `relax train --help`).")
     return "\n".join(out)

@@ -10,18 +10,20 @@ from __future__ import annotations
 
 import argparse
 import re
-import time
 from pathlib import Path
+
+import attrs
 
 from relax.algorithms import load_algorithm
 from relax.algorithms.base import RLAlgorithm
 from relax.algorithms.config import AlgorithmConfig
-from relax.cli.arguments import ALGORITHM_FIELDS, RUN_FIELDS
+from relax.algorithms.flags import flag_name
 from relax.cli.validation import ConfigError
 from relax.rollout.rewards import SCALAR_REWARD_KEY, load_function, load_reward_function
-from relax.runtime.config import RunConfig
+from relax.runtime.config import RunConfig, default_run_name, output_dir_of
 
-DEFAULT_OUTPUT_ROOT = "outputs"
+ALGORITHM_FIELDS = attrs.fields_dict(AlgorithmConfig)
+RUN_FIELDS = {name: f for name, f in attrs.fields_dict(RunConfig).items() if name != "algorithm"}
 
 
 def default_reward_keys(task_name: str) -> tuple[str, ...]:
@@ -43,14 +45,13 @@ def default_reward_keys(task_name: str) -> tuple[str, ...]:
     return tuple(task.reward_keys)
 
 
-def _flag_for(parser: argparse.ArgumentParser, dest: str) -> str:
-    for action in parser._actions:
-        if action.dest == dest and action.option_strings:
-            return action.option_strings[0]
-    return dest
+def _algorithm_config(
+    ns: argparse.Namespace, parser: argparse.ArgumentParser | None = None
+) -> AlgorithmConfig:
+    """The AlgorithmConfig of ``ns``; a rejected value raises ConfigError naming its flag.
 
-
-def _algorithm_config(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> AlgorithmConfig:
+    ``parser`` is ignored (``flag_name`` names the flags); tests/algorithms still pass one.
+    """
     values = {name: getattr(ns, name) for name in ALGORITHM_FIELDS if hasattr(ns, name)}
     try:
         return AlgorithmConfig(**values)
@@ -58,20 +59,15 @@ def _algorithm_config(ns: argparse.Namespace, parser: argparse.ArgumentParser) -
         message = str(exc)
         # name the flag of the field the message is about (messages start with, or mention, the field)
         mentioned = [f for f in ALGORITHM_FIELDS if re.search(rf"\b{f}\b", message)]
-        flag = _flag_for(parser, max(mentioned, key=len)) if mentioned else "configuration"
+        flag = flag_name(ALGORITHM_FIELDS[max(mentioned, key=len)]) if mentioned else "configuration"
         raise ConfigError([f"argument {flag}: {message}"]) from None
 
 
 def _check_paths(ns: argparse.Namespace, errors: list[str]) -> None:
-    for dest, flag in (
-        ("prompt_data", "--prompt-data"),
-        ("hf_checkpoint", "--hf-checkpoint"),
-        ("ref_load", "--ref-load"),
-        ("load", "--load"),
-    ):
+    for dest in ("prompt_data", "hf_checkpoint", "ref_load", "load"):
         path = getattr(ns, dest, None)
         if path is not None and not Path(path).exists():
-            errors.append(f"{flag} {path}: no such file or directory")
+            errors.append(f"{flag_name(RUN_FIELDS[dest])} {path}: no such file or directory")
 
 
 def _load_hooks(ns: argparse.Namespace, errors: list[str]) -> None:
@@ -80,26 +76,16 @@ def _load_hooks(ns: argparse.Namespace, errors: list[str]) -> None:
             load_reward_function(ns.custom_rm_path)
         except ValueError as exc:
             errors.append(str(exc))
-    for dest, flag in (
-        ("custom_reward_post_process_path", "--custom-reward-post-process-path"),
-        ("dynamic_sampling_filter_path", "--dynamic-sampling-filter-path"),
-    ):
-        spec = getattr(ns, dest)
-        if spec:
+    for dest in ("custom_reward_post_process_path", "dynamic_sampling_filter_path"):
+        hook_path = getattr(ns, dest)
+        if hook_path:
             try:
-                load_function(spec, flag)
+                load_function(hook_path, flag_name(RUN_FIELDS[dest]))
             except ValueError as exc:
                 errors.append(str(exc))
 
 
-def _default_run_name(spec: str) -> str:
-    label = re.sub(r"[^A-Za-z0-9_.-]+", "_", spec.rpartition(":")[2] or spec)
-    return f"{label}-{time.strftime('%Y%m%d-%H%M%S')}"
-
-
-def build_run_config(
-    ns: argparse.Namespace, parser: argparse.ArgumentParser
-) -> tuple[RunConfig, type[RLAlgorithm]]:
+def build_run_config(ns: argparse.Namespace) -> tuple[RunConfig, type[RLAlgorithm]]:
     """Load the algorithm class, fill derived defaults and build the (not yet validated) RunConfig."""
     try:
         algorithm = load_algorithm(ns.advantage_estimator)
@@ -121,9 +107,9 @@ def build_run_config(
     elif ns.prompt_data is None:
         default_reward_keys(ns.task)  # still check that --task names a built-in task
 
-    run_name = ns.run_name or _default_run_name(ns.advantage_estimator)
-    output_dir = ns.output_dir or str(Path(DEFAULT_OUTPUT_ROOT) / run_name)
     run_values = {name: getattr(ns, name) for name in RUN_FIELDS if hasattr(ns, name)}
-    run_values.update(run_name=run_name, output_dir=output_dir)
-    config = RunConfig(algorithm=_algorithm_config(ns, parser), **run_values)
+    run_values["run_name"] = ns.run_name or default_run_name(ns.advantage_estimator)
+    config = RunConfig(algorithm=_algorithm_config(ns), **run_values)
+    if not config.output_dir:  # record where the run writes, in the config and its config.yaml
+        config = attrs.evolve(config, output_dir=str(output_dir_of(config)))
     return config, algorithm

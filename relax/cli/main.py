@@ -74,7 +74,7 @@ def prepare_train_config(argv: list[str], parser, train_parser) -> tuple[RunConf
         train_parser.set_defaults(**file_values)
         args = parser.parse_args(argv)
     try:
-        config, algorithm = build_run_config(args, train_parser)
+        config, algorithm = build_run_config(args)
         for warning in validate(config, algorithm):
             print(f"{train_parser.prog}: warning: {warning}", file=sys.stderr)
         config = resolve_batch_shape(config, algorithm)

@@ -19,6 +19,7 @@ import torch
 
 from relax.algorithms.base import RLAlgorithm
 from relax.algorithms.config import AlgorithmConfig
+from relax.algorithms.flags import flag_name
 from relax.runtime.config import RunConfig
 
 FLOAT32_MAX = float(torch.finfo(torch.float32).max)
@@ -38,9 +39,9 @@ class ConfigError(ValueError):
         super().__init__("\n".join(self.errors))
 
 
-def describe(algorithm: type[RLAlgorithm], spec: str) -> str:
+def describe(algorithm: type[RLAlgorithm], algorithm_spec: str) -> str:
     """How messages refer to the method: its class name and the flag value that chose it."""
-    return f"{algorithm.__name__} (--advantage-estimator {spec})"
+    return f"{algorithm.__name__} (--advantage-estimator {algorithm_spec})"
 
 
 # -- batch shape ---------------------------------------------------------------------------------
@@ -334,10 +335,6 @@ def _check_critic(config, algorithm, who, errors, warnings):
 _FRAMEWORK_FIELDS = frozenset({"n_samples_per_prompt", "reward_keys", "reward_weights", "rewards_normalization"})
 
 
-def _flag_name(field: str) -> str:
-    return "--lambd" if field == "lam" else "--" + field.replace("_", "-")
-
-
 def _check_unused_hyperparameters(config, algorithm, who, errors, warnings):
     """A hyper-parameter set away from its default that the method never reads would silently do
     nothing (e.g. a preset of one method given to another): say so. Classes that declare no
@@ -351,7 +348,7 @@ def _check_unused_hyperparameters(config, algorithm, who, errors, warnings):
             continue
         if getattr(config.algorithm, field.name) != getattr(defaults, field.name):
             warnings.append(
-                f"{who} does not read {_flag_name(field.name)} (set to {getattr(config.algorithm, field.name)!r}); "
+                f"{who} does not read {flag_name(field)} (set to {getattr(config.algorithm, field.name)!r}); "
                 "it has no effect. `relax algorithms NAME` lists the flags a method reads."
             )
 

@@ -1,65 +1,173 @@
 """``RunConfig``: everything ``relax train`` needs besides the algorithm hyper-parameters.
 
-Field names equal the command-line flags (``--rollout-batch-size`` -> ``rollout_batch_size``). The
-CLI builds and validates a ``RunConfig``; the runtime only reads it. It is plain data (attrs, frozen)
-so it pickles to every Ray process.
+Field names equal the command-line flags (``--rollout-batch-size`` -> ``rollout_batch_size``), and
+each field declares its flag in ``metadata=flag(...)`` (``relax.algorithms.flags``), from which the
+``relax train`` parser is generated. The CLI builds and validates a ``RunConfig``; the runtime only
+reads it. It is plain data (attrs, frozen) so it pickles to every Ray process.
 """
 
 from __future__ import annotations
 
+import argparse
+import re
+import time
+from pathlib import Path
+
 import attrs
 
+from relax.algorithms import algorithm_names
 from relax.algorithms.config import AlgorithmConfig
+from relax.algorithms.flags import (
+    flag,
+    integer,
+    non_negative_float,
+    open_unit_interval,
+    positive_float,
+    positive_int,
+    reward_key_name,
+)
+
+BACKENDS = ("torch", "megatron")
+DEFAULT_OUTPUT_ROOT = "outputs"
+
+
+def known_algorithm_spec(text) -> str:
+    """A registered algorithm name or a dotted path ``package.module:ClassName`` (loaded later)."""
+    text = str(text)
+    if text in algorithm_names() or ":" in text:
+        return text
+    raise argparse.ArgumentTypeError(
+        f"unknown advantage estimator {text!r}; choose one of {', '.join(algorithm_names())} or give "
+        "a dotted path 'package.module:ClassName' to your own RLAlgorithm subclass"
+    )
+
+
+def _hook_flag(help: str) -> dict:
+    return flag(help, group="rewards", metavar="MODULE:FUNCTION")
 
 
 @attrs.frozen(kw_only=True)
 class RunConfig:
     # -- algorithm --
-    advantage_estimator: str = "grpo"  # registered name or 'package.module:ClassName'
+    advantage_estimator: str = attrs.field(default="grpo", metadata=flag(
+        f"RL method: one of {', '.join(algorithm_names())} (see `relax algorithms`), or a dotted path "
+        "'package.module:ClassName' to your own RLAlgorithm subclass",
+        group="algorithm", type=known_algorithm_spec, metavar="NAME|MODULE:CLASS"))
+    # its fields' flags are declared on AlgorithmConfig
     algorithm: AlgorithmConfig = attrs.field(factory=AlgorithmConfig)
-    reward_key: str | None = None  # scalar logged as "the" reward when there are several components
+    reward_key: str | None = attrs.field(default=None, metadata=flag(
+        "the component logged as 'the' reward when there are several (one of --reward-keys)",
+        group="rewards", type=reward_key_name))
     # -- batch shape / schedule --
-    num_rollout: int = 450  # training steps (one rollout each); ~75 s wall on 2 cores, correct 0.19 -> 0.66
-    rollout_batch_size: int = 32  # prompts per rollout
-    global_batch_size: int | None = None  # samples per optimizer step (None: derived)
-    num_steps_per_rollout: int | None = None  # optimizer steps per rollout (None: derived)
-    micro_batch_size: int | None = None  # samples per forward/backward (None: whole mini-batch)
+    # 450 rollouts: ~75 s wall on 2 cores, correct 0.19 -> 0.66 on the built-in task
+    num_rollout: int = attrs.field(default=450, metadata=flag(
+        "training steps (one rollout each)", group="batch shape", type=positive_int))
+    rollout_batch_size: int = attrs.field(default=32, metadata=flag(
+        "prompts per rollout", group="batch shape", type=positive_int))
+    global_batch_size: int | None = attrs.field(default=None, metadata=flag(
+        "samples per optimizer step (default: derived, see above)", group="batch shape", type=positive_int))
+    num_steps_per_rollout: int | None = attrs.field(default=None, metadata=flag(
+        "optimizer steps per rollout (default: derived, see above)", group="batch shape", type=positive_int))
+    micro_batch_size: int | None = attrs.field(default=None, metadata=flag(
+        "samples per forward/backward on one worker (default: the worker's whole mini-batch)",
+        group="batch shape", type=positive_int))
     # -- optimization --
-    lr: float = 3e-4
-    critic_lr: float = 1e-3
-    clip_grad: float = 1.0
-    value_clip: float = 0.2
-    seed: int = 1234
+    lr: float = attrs.field(default=3e-4, metadata=flag(
+        "actor learning rate", group="optimization", type=positive_float))
+    critic_lr: float = attrs.field(default=1e-3, metadata=flag(
+        "critic learning rate (critic methods only)", group="optimization", type=positive_float))
+    clip_grad: float = attrs.field(default=1.0, metadata=flag(
+        "gradient-norm clip (0 disables)", group="optimization", type=non_negative_float))
+    value_clip: float = attrs.field(default=0.2, metadata=flag(
+        "critic value clip range (critic methods only)", group="algorithm", type=non_negative_float))
+    seed: int = attrs.field(default=1234, metadata=flag(
+        "random seed (sampling, initialization, prompt order)", group="optimization", type=integer))
     # -- sampling --
-    rollout_temperature: float = 1.0
-    rollout_top_p: float = 1.0
-    rollout_max_response_len: int = 8
+    rollout_temperature: float = attrs.field(default=1.0, metadata=flag(
+        "sampling temperature", group="sampling", type=positive_float))
+    rollout_top_p: float = attrs.field(default=1.0, metadata=flag(
+        "nucleus sampling threshold", group="sampling", type=open_unit_interval))
+    rollout_max_response_len: int = attrs.field(default=8, metadata=flag(
+        "maximum generated tokens per sample", group="sampling", type=positive_int))
     # -- model and data --
-    task: str = "addition"  # built-in task used when no --prompt-data is given
-    hf_checkpoint: str | None = None
-    ref_load: str | None = None
-    prompt_data: str | None = None
-    input_key: str = "prompt"
-    label_key: str = "label"
-    metadata_key: str | None = None
-    apply_chat_template: bool = False
-    system_prompt: str | None = None
-    prompt_suffix: str | None = None
-    max_prompt_len: int | None = None
+    task: str = attrs.field(default="addition", metadata=flag(
+        "built-in task (prompts, labels and reward function) used when no --prompt-data is given",
+        group="model and data"))
+    hf_checkpoint: str | None = attrs.field(default=None, metadata=flag(
+        "Hugging Face model directory (default: the built-in tiny model)", group="model and data",
+        metavar="PATH"))
+    ref_load: str | None = attrs.field(default=None, metadata=flag(
+        "reference model for KL terms (default: the initial policy)", group="model and data",
+        metavar="PATH"))
+    prompt_data: str | None = attrs.field(default=None, metadata=flag(
+        "prompt data set (.jsonl or .parquet) instead of the built-in task", group="model and data",
+        metavar="FILE.jsonl"))
+    input_key: str = attrs.field(default="prompt", metadata=flag(
+        "prompt field of --prompt-data records", group="model and data"))
+    label_key: str = attrs.field(default="label", metadata=flag(
+        "label field of --prompt-data records", group="model and data"))
+    metadata_key: str | None = attrs.field(default=None, metadata=flag(
+        "metadata field of --prompt-data records (passed to the reward function)", group="model and data"))
+    apply_chat_template: bool = attrs.field(default=False, metadata=flag(
+        "format prompts with the tokenizer's chat template", group="model and data"))
+    system_prompt: str | None = attrs.field(default=None, metadata=flag(
+        "system message (chat template)", group="model and data"))
+    prompt_suffix: str | None = attrs.field(default=None, metadata=flag(
+        "text appended to every prompt", group="model and data"))
+    max_prompt_len: int | None = attrs.field(default=None, metadata=flag(
+        "drop prompts longer than this many tokens", group="model and data", type=positive_int))
     # -- hooks --
-    custom_rm_path: str | None = None
-    custom_reward_post_process_path: str | None = None
-    dynamic_sampling_filter_path: str | None = None
+    custom_rm_path: str | None = attrs.field(default=None, metadata=_hook_flag(
+        "your reward function fn(prompt, completion, label, metadata) -> number or {key: number} "
+        "(sync or async)"))
+    custom_reward_post_process_path: str | None = attrs.field(default=None, metadata=_hook_flag(
+        "replaces the algorithm's reward normalization (rejected where the method forbids it)"))
+    dynamic_sampling_filter_path: str | None = attrs.field(default=None, metadata=_hook_flag(
+        "custom filter deciding which prompt groups the rollout keeps"))
     # -- placement / backends --
-    ray_address: str | None = None
-    actor_num_workers: int = 1
-    backend: str = "torch"
-    tensor_model_parallel_size: int = 1
-    pipeline_model_parallel_size: int = 1
-    advantages_on_actor: bool = False
+    ray_address: str | None = attrs.field(default=None, metadata=flag(
+        "Ray cluster to join (default: start a local one)", group="placement and backends"))
+    actor_num_workers: int = attrs.field(default=1, metadata=flag(
+        "training worker processes (torch: data-parallel ranks; megatron: TP x PP x DP)",
+        group="placement and backends", type=positive_int))
+    backend: str = attrs.field(default="torch", metadata=flag(
+        "training backend; megatron needs the extra: pip install 'relax-rl[megatron]'",
+        group="placement and backends", choices=BACKENDS))
+    tensor_model_parallel_size: int = attrs.field(default=1, metadata=flag(
+        "Megatron tensor parallelism", group="placement and backends", type=positive_int))
+    pipeline_model_parallel_size: int = attrs.field(default=1, metadata=flag(
+        "Megatron pipeline parallelism", group="placement and backends", type=positive_int))
+    advantages_on_actor: bool = attrs.field(default=False, metadata=flag(
+        "compute advantages on the training ranks instead of the advantages service",
+        group="placement and backends"))
     # -- outputs --
-    output_dir: str | None = None  # default outputs/<run_name>
-    run_name: str | None = None
-    save_interval: int | None = None
-    load: str | None = None
-    progress: bool = True
+    output_dir: str | None = attrs.field(default=None, metadata=flag(
+        "where checkpoints, metrics and config.yaml go (default: outputs/<run-name>)", group="outputs",
+        metavar="DIR"))
+    run_name: str | None = attrs.field(default=None, metadata=flag(
+        "run name (default: <advantage-estimator>-<date>-<time>)", group="outputs"))
+    save_interval: int | None = attrs.field(default=None, metadata=flag(
+        "save a checkpoint every this many rollouts (default: only at the end)", group="outputs",
+        type=positive_int))
+    load: str | None = attrs.field(default=None, metadata=flag(
+        "resume from this checkpoint directory", group="outputs", metavar="DIR"))
+    progress: bool = attrs.field(default=True, metadata=flag(
+        "no progress bar", group="outputs", names=("--no-progress",)))
+
+
+def default_run_name(algorithm_spec: str) -> str:
+    """``<method>-<date>-<time>``: the registered name, or a dotted path's class name, made path-safe."""
+    label = re.sub(r"[^A-Za-z0-9_.-]+", "_", algorithm_spec.rpartition(":")[2] or algorithm_spec)
+    return f"{label}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def output_dir_of(config: RunConfig) -> Path:
+    """Where a run writes: ``output_dir``, else ``outputs/<run_name>`` (named now when unset).
+
+    ``relax train`` always fills in both; a config built in Python may leave them unset, and then
+    each call names a new run, so call this once per run.
+    """
+    if config.output_dir:
+        return Path(config.output_dir)
+    run_name = config.run_name or default_run_name(config.advantage_estimator)
+    return Path(DEFAULT_OUTPUT_ROOT) / run_name

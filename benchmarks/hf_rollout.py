@@ -28,7 +28,8 @@ from pathlib import Path
 import torch
 
 from relax.rollout.base import SamplingParams
-from relax.rollout.hf import HFEngine, load_hf_model, load_hf_tokenizer
+from relax.models.hf import load_hf_model, load_hf_tokenizer
+from relax.rollout.hf import HFEngine
 
 
 def build_random_checkpoint(directory: Path, hidden: int, layers: int, vocab: int) -> Path:
@@ -111,7 +112,7 @@ def train_role_times(steps: int, *, hidden: int, layers: int, max_new_tokens: in
     import os
     import subprocess
 
-    from relax.rollout.hf.tiny_random import build_tiny_random_checkpoint
+    from relax.models.hf.tiny_random import build_tiny_random_checkpoint
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)

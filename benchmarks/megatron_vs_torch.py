@@ -18,10 +18,10 @@ import torch
 
 from relax.algorithms import AlgorithmConfig, PolicyLossInputs
 from relax.algorithms.grpo import GRPO
-from relax.backends.base import TokenBatch
+from relax.models.batch import TokenBatch
 from relax.backends.megatron.backend import MegatronBackend
 from relax.backends.torch_backend import TorchBackend
-from relax.rollout.tiny.warmup import load_warmup_model
+from relax.models.tiny.weights import load_warmup_model
 
 
 def make_batch(n: int, p: int = 5, t: int = 8, seed: int = 0) -> TokenBatch:

@@ -41,7 +41,7 @@ from relax.algorithms import AlgorithmConfig
 from relax.rollout.base import SamplingParams
 from relax.rollout.tasks import get_task
 from relax.rollout.tiny.engine import TinyEngine
-from relax.rollout.tiny.warmup import load_warmup_model
+from relax.models.tiny.weights import load_warmup_model
 from relax.runtime.config import RunConfig
 from relax.runtime.train import run
 

@@ -19,50 +19,33 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from relax.backends.base import LossFn, TokenBatch, TokenLogProbs, TrainingBackend
-
-ForwardLogits = Callable[[nn.Module, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-
-
-def default_forward_logits(
-    model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor
-) -> torch.Tensor:
-    """``model(input_ids=, attention_mask=, position_ids=)`` -> logits ``[N, S, V]``.
-
-    Accepts a tensor, a tuple whose first item is the logits, or an object with ``.logits``
-    (transformers). The mask is passed as int64, which both ``TinyCausalLM`` and transformers accept.
-    """
-    out = model(input_ids=input_ids, attention_mask=attention_mask.long(), position_ids=position_ids)
-    if isinstance(out, torch.Tensor):
-        return out
-    if hasattr(out, "logits"):
-        return out.logits
-    if isinstance(out, tuple):
-        return out[0]
-    raise TypeError(f"cannot find logits in the model output of type {type(out).__name__}; pass forward_logits=")
+from relax.backends.base import LossFn, TrainingBackend
+from relax.models.batch import (
+    ForwardLogits,
+    TokenBatch,
+    TokenLogProbs,
+    TokenValues,
+    default_forward_logits,
+    response_log_probs,
+)
+from relax.models.value import response_values
 
 
-def response_log_probs(
-    logits: torch.Tensor, batch: TokenBatch, *, with_entropy: bool, temperature: float = 1.0
-) -> TokenLogProbs:
-    """Log-probs (and entropy) ``[N, T]`` of ``batch.response_ids`` from full-sequence ``logits``."""
-    p, t = batch.prompt_width, batch.response_ids.shape[1]
-    scores = logits[:, p - 1 : p + t - 1].float()
-    if temperature != 1.0:
-        scores = scores / temperature
-    log_probs_all = torch.log_softmax(scores, dim=-1)
-    mask = batch.response_mask
-    log_probs = log_probs_all.gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1) * mask
-    entropy = None
-    if with_entropy:
-        entropy = -(log_probs_all.exp() * log_probs_all).sum(-1) * mask
-    return TokenLogProbs(log_probs=log_probs, entropy=entropy)
+def config_errors(config) -> list[str]:
+    """What a ``RunConfig`` asks of ``--backend torch`` that it cannot do."""
+    tp, pp = config.tensor_model_parallel_size, config.pipeline_model_parallel_size
+    if tp != 1 or pp != 1:
+        return [
+            f"--tensor-model-parallel-size / --pipeline-model-parallel-size ({tp} / {pp}) need "
+            f"--backend megatron; the {config.backend} backend is data-parallel only"
+        ]
+    return []
 
 
 class TorchBackend(TrainingBackend):
@@ -70,8 +53,27 @@ class TorchBackend(TrainingBackend):
 
     ``temperature`` divides the logits before the softmax, to match a rollout that sampled at that
     temperature (1.0 for the default recipe). ``clip_grad`` <= 0 or None disables clipping; the
-    pre-clip ``grad_norm`` is reported either way.
+    pre-clip ``grad_norm`` is reported either way. With ``value_head`` the model is a
+    ``ValueModel`` and the loss receives ``TokenValues`` instead of log-probs (PPO's critic).
+
+    Every rank holds the whole model, so rank 0 alone answers ``state_dict`` / ``export_weights``.
     """
+
+    name = "torch"
+    supports_critic = True
+
+    @classmethod
+    def for_policy(cls, config, model: nn.Module, *, process_group=None) -> "TorchBackend":
+        from relax.models.factory import forward_logits_fn
+
+        return cls(model, lr=config.lr, clip_grad=config.clip_grad, temperature=config.rollout_temperature,
+                   process_group=process_group, forward_logits=forward_logits_fn(config))
+
+    @classmethod
+    def for_critic(cls, config, model: nn.Module, *, process_group=None) -> "TorchBackend":
+        return cls(model, lr=config.critic_lr, clip_grad=config.clip_grad, process_group=process_group,
+                   value_head=True)
+
 
     def __init__(
         self,
@@ -86,6 +88,7 @@ class TorchBackend(TrainingBackend):
         process_group: dist.ProcessGroup | None = None,
         dp_grad_reduction: str = "sum",
         forward_logits: ForwardLogits = default_forward_logits,
+        value_head: bool = False,
     ):
         if dp_grad_reduction not in ("sum", "mean"):
             raise ValueError(f"dp_grad_reduction must be 'sum' or 'mean', got {dp_grad_reduction!r}")
@@ -100,14 +103,29 @@ class TorchBackend(TrainingBackend):
         self.process_group = process_group
         self.dp_grad_reduction = dp_grad_reduction
         self.forward_logits = forward_logits
+        self.value_head = value_head
         self.step = 0
+
+    @property
+    def process_group(self) -> dist.ProcessGroup | None:
+        return self._process_group
+
+    @process_group.setter
+    def process_group(self, group: dist.ProcessGroup | None) -> None:
+        # The data-parallel identity follows the group: every rank of a torch group holds a shard.
+        self._process_group = group
+        self.dp_group = group
+        self.dp_rank = dist.get_rank(group) if group is not None else 0
+        self.dp_size = dist.get_world_size(group) if group is not None else 1
 
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    def _forward(self, batch: TokenBatch, *, with_entropy: bool) -> TokenLogProbs:
+    def _forward(self, batch: TokenBatch, *, with_entropy: bool) -> TokenLogProbs | TokenValues:
         batch = _to_device(batch, self.device)
+        if self.value_head:
+            return TokenValues(values=response_values(self.model, batch))
         logits = self.forward_logits(self.model, batch.input_ids, batch.attention_mask, batch.position_ids)
         return response_log_probs(logits, batch, with_entropy=with_entropy, temperature=self.temperature)
 
@@ -125,6 +143,20 @@ class TorchBackend(TrainingBackend):
             log_probs=torch.cat([x.log_probs for x in parts]),
             entropy=torch.cat([x.entropy for x in parts]) if with_entropy else None,
         )
+
+    @torch.no_grad()
+    def compute_values(self, batch: TokenBatch, *, micro_batch_size: int | None = None) -> torch.Tensor:
+        """Critic values ``[N, T]`` of the response positions, without gradients (``value_head`` only)."""
+        if not self.value_head:
+            raise TypeError("compute_values needs a value-head backend (TorchBackend.for_critic)")
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            parts = [self._forward(batch.select(rows), with_entropy=False).values
+                     for rows in _slices(len(batch), micro_batch_size)]
+        finally:
+            self.model.train(was_training)
+        return torch.cat(parts)
 
     def train_step(
         self, batch: TokenBatch, loss_fn: LossFn, *, micro_batch_size: int | None = None, with_entropy: bool = True

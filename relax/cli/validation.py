@@ -11,21 +11,18 @@ says how to fix it. Warnings are returned, not raised.
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import attrs
 import torch
 
 from relax.algorithms.base import RLAlgorithm
 from relax.algorithms.config import AlgorithmConfig
 from relax.algorithms.flags import flag_name
+from relax.backends.registry import config_errors as backend_config_errors
 from relax.runtime.config import RunConfig
 
 FLOAT32_MAX = float(torch.finfo(torch.float32).max)
 # Example component names shown in messages when the configured keys are too few to serve as one.
 EXAMPLE_REWARD_KEYS = ("correctness", "format")
-MEGATRON_EXTRA = "pip install 'relax-rl[megatron]'"
 # Default number of optimizer mini-batches per rollout for methods without on-policy constraints:
 # the embedded recipe learns fastest with two mini-batch updates per rollout.
 DEFAULT_STEPS_PER_ROLLOUT = 2
@@ -289,38 +286,8 @@ def _check_batch(config, algorithm, who, errors, warnings):
         )
 
 
-def megatron_installed() -> bool:
-    """Is megatron-core importable? Looks at the files only: importing it is slow and heavy."""
-    spec = importlib.util.find_spec("megatron")
-    if spec is None or not spec.submodule_search_locations:
-        return False
-    return any((Path(p) / "core" / "__init__.py").is_file() for p in spec.submodule_search_locations)
-
-
 def _check_backend(config, algorithm, who, errors, warnings):
-    tp, pp = config.tensor_model_parallel_size, config.pipeline_model_parallel_size
-    if config.backend == "megatron":
-        if not megatron_installed():
-            errors.append(
-                f"--backend megatron needs megatron-core, which is not installed: {MEGATRON_EXTRA} "
-                "(or use --backend torch)"
-            )
-        if config.hf_checkpoint:
-            errors.append(
-                f"--hf-checkpoint {config.hf_checkpoint} cannot be trained with --backend megatron, which trains "
-                "the built-in model only: use --backend torch, or drop --hf-checkpoint (the Hugging Face to "
-                "Megatron converter is documented in docs/en/real-models.md)"
-            )
-        if config.actor_num_workers % (tp * pp):
-            errors.append(
-                f"--actor-num-workers {config.actor_num_workers} must be a multiple of "
-                f"--tensor-model-parallel-size {tp} x --pipeline-model-parallel-size {pp} = {tp * pp}"
-            )
-    elif tp != 1 or pp != 1:
-        errors.append(
-            f"--tensor-model-parallel-size / --pipeline-model-parallel-size ({tp} / {pp}) need "
-            f"--backend megatron; the {config.backend} backend is data-parallel only"
-        )
+    errors.extend(backend_config_errors(config))
 
 
 def _check_critic(config, algorithm, who, errors, warnings):

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import attrs
 import torch
 
-from relax.backends.base import TokenBatch
+from relax.models.batch import TokenBatch
 
 
 @attrs.frozen

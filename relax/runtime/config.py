@@ -26,8 +26,8 @@ from relax.algorithms.flags import (
     positive_int,
     reward_key_name,
 )
+from relax.backends.registry import backend_names
 
-BACKENDS = ("torch", "megatron")
 DEFAULT_OUTPUT_ROOT = "outputs"
 
 
@@ -132,7 +132,7 @@ class RunConfig:
         group="placement and backends", type=positive_int))
     backend: str = attrs.field(default="torch", metadata=flag(
         "training backend; megatron needs the extra: pip install 'relax-rl[megatron]'",
-        group="placement and backends", choices=BACKENDS))
+        group="placement and backends", choices=backend_names()))
     tensor_model_parallel_size: int = attrs.field(default=1, metadata=flag(
         "Megatron tensor parallelism", group="placement and backends", type=positive_int))
     pipeline_model_parallel_size: int = attrs.field(default=1, metadata=flag(

@@ -1,5 +1,5 @@
-"""Process environment for Ray and TransferQueue on small machines
-(shared notes: ray-and-transferqueue.md D.1). Imports nothing heavy, so the CLI can apply it first."""
+"""Process environment for Ray and TransferQueue on small machines (docs/en/ray-and-transferqueue.md,
+"Environment"). Imports nothing heavy, so it can be applied before Ray or TransferQueue start."""
 
 from __future__ import annotations
 

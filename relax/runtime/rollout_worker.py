@@ -10,9 +10,10 @@ import time
 import torch
 
 from relax.algorithms import load_algorithm
+from relax.rollout import factory as rollout_factory
 from relax.rollout.base import SamplingParams
-from relax.rollout.rewards import function_name, score
-from relax.runtime import components
+from relax.rollout.rewards import score
+from relax.runtime.fields import AttachesDataPlane
 from relax.runtime.metrics import reward_metrics
 from relax.runtime.weights import unpack_weights
 
@@ -45,10 +46,10 @@ class RolloutCore:
         torch.set_num_threads(1)
         self.config = config
         self.algorithm = load_algorithm(algorithm_spec)(config.algorithm)
-        self.engine = components.build_engine(config)
+        self.engine = rollout_factory.build_engine(config)
         self.tokenizer = self.engine.tokenizer
-        self.prompts = components.build_prompt_source(config, self.tokenizer)
-        self.reward_fn, self.reward_keys = components.reward_setup(config)
+        self.prompts = rollout_factory.build_prompt_source(config, self.tokenizer)
+        self.reward_fn, self.reward_keys = rollout_factory.reward_setup(config)
         self.generator = torch.Generator().manual_seed(config.seed)
         self.params = SamplingParams(
             temperature=config.rollout_temperature,
@@ -137,17 +138,10 @@ class RolloutCore:
         if weights is not None:
             self.engine.load_weights(weights)
 
-    def describe(self) -> dict:
-        return {"reward_fn": function_name(self.reward_fn), "reward_keys": list(self.reward_keys)}
 
-class RolloutWorker(RolloutCore):
+class RolloutWorker(AttachesDataPlane, RolloutCore):
     """The Ray actor (created with ``ray.remote``); attaches to the data plane on ``attach()``."""
 
     def __init__(self, config, algorithm_spec: str):
         super().__init__(config, algorithm_spec, data_plane=None)
 
-    def attach(self) -> bool:
-        from relax.runtime.data_plane import TransferQueueDataPlane
-
-        self.data_plane = TransferQueueDataPlane().attach()
-        return True

@@ -1,6 +1,6 @@
 """How one step's kept prompt groups are split into optimizer mini-batches and data-parallel shards.
 
-A pure function of what the rollout reports, computed once by the driver and handed to every role,
+A pure function of what the rollout reports, computed by every role from the same report,
 so that the advantages deployment (whole batch, ``segment_sizes``) and the actor ranks (their
 shards) agree on the layout without talking to each other.
 """
@@ -74,3 +74,27 @@ def plan_step(
         shards=tuple(tuple(s) for s in shards),
         global_tokens=tuple(sum(tokens[u] for u in mb) for mb in minibatches),
     )
+
+
+def num_minibatches(config) -> int:
+    """Optimizer steps per rollout (the CLI fills ``num_steps_per_rollout``; derived otherwise)."""
+    if config.num_steps_per_rollout:
+        return int(config.num_steps_per_rollout)
+    if config.global_batch_size:
+        total = config.rollout_batch_size * config.algorithm.n_samples_per_prompt
+        return max(1, total // config.global_batch_size)
+    return 1
+
+
+def plan_from_rollout(roll: dict, num_minibatches: int, world_size: int) -> StepPlan:
+    """Every role derives the same plan from the rollout's result (a pure function)."""
+    return plan_step(roll["kept_uids"], roll["group_tokens"], roll["group_size"], num_minibatches, world_size)
+
+
+def segment_slices(sizes) -> list[slice]:
+    """Consecutive row ranges of segments with the given sizes."""
+    out, start = [], 0
+    for size in sizes:
+        out.append(slice(start, start + size))
+        start += size
+    return out

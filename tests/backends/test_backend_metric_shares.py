@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from relax.algorithms import AlgorithmConfig, PolicyLossInputs, get_algorithm
-from relax.backends.base import TokenBatch
+from relax.models.batch import TokenBatch
 from relax.backends.torch_backend import TorchBackend
-from relax.rollout.tiny.model import TinyCausalLM, TinyLMConfig
+from relax.models.tiny.model import TinyCausalLM, TinyLMConfig
 
 
 def _model() -> TinyCausalLM:

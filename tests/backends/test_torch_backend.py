@@ -12,9 +12,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from relax.algorithms.types import PolicyLossOutput
-from relax.backends.base import TokenBatch
+from relax.models.batch import TokenBatch
 from relax.backends.torch_backend import TorchBackend
-from relax.rollout.tiny.model import TinyCausalLM, TinyLMConfig
+from relax.models.tiny.model import TinyCausalLM, TinyLMConfig
 
 
 def make_model(seed: int = 0) -> TinyCausalLM:

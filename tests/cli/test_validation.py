@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+import relax.backends.megatron as megatron_pkg
 import relax.cli.validation as validation
 from relax.algorithms import BUILTIN_ALGORITHMS, algorithm_names, get_algorithm
 
@@ -283,13 +284,13 @@ def test_kl_loss_coef_without_use_kl_loss_warns(cli):
 
 
 def test_megatron_backend_without_megatron_core(cli, monkeypatch):
-    monkeypatch.setattr(validation, "megatron_installed", lambda: False)
+    monkeypatch.setattr(megatron_pkg, "megatron_installed", lambda: False)
     err = rejected(cli, "--backend", "megatron")
     assert (
         "--backend megatron needs megatron-core, which is not installed: pip install 'relax-rl[megatron]'"
         in err
     )
-    monkeypatch.setattr(validation, "megatron_installed", lambda: True)
+    monkeypatch.setattr(megatron_pkg, "megatron_installed", lambda: True)
     assert dry(cli, "--backend", "megatron")[0] == 0
     err = rejected(cli, "--backend", "megatron", "--actor-num-workers", 3, "--tensor-model-parallel-size", 2)
     assert "--actor-num-workers 3 must be a multiple of --tensor-model-parallel-size 2" in err
@@ -300,11 +301,11 @@ def test_megatron_detection_never_imports_it(monkeypatch):
     import sys
 
     was_imported = "megatron" in sys.modules
-    result = validation.megatron_installed()
+    result = megatron_pkg.megatron_installed()
     assert isinstance(result, bool)
     assert ("megatron" in sys.modules) == was_imported
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
-    assert validation.megatron_installed() is False
+    assert megatron_pkg.megatron_installed() is False
 
 
 def test_model_parallel_needs_megatron(cli):

@@ -8,8 +8,8 @@ import pytest
 
 from relax.rollout.base import Prompt
 from relax.rollout.data import PromptDataError, PromptDataset, PromptIterator, prompt_iterator_from_config
-from relax.rollout.hf import load_hf_tokenizer
-from relax.rollout.tiny.tokenizer import TinyTokenizer
+from relax.models.hf import load_hf_tokenizer
+from relax.models.tiny.tokenizer import TinyTokenizer
 from relax.runtime.config import RunConfig
 
 

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from relax.rollout.base import SamplingParams
-from relax.rollout.hf import HFEngine, HFTokenizer, load_hf_model, load_hf_tokenizer, top_p_filter
+from relax.models.hf import HFTokenizer, load_hf_model, load_hf_tokenizer
+from relax.rollout.hf import HFEngine, top_p_filter
 from relax.rollout.hf.engine import sample_categorical
 
 PROMPTS = ["what is 3 + 4 ?", "hello", "add the numbers 1 and 2 please", "yes"]

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from relax.rollout.hf import HFTokenizer, load_hf_model, load_hf_tokenizer
+from relax.models.hf import HFTokenizer, load_hf_model, load_hf_tokenizer
 
 
 def test_loads_every_family(checkpoints, family):
@@ -62,7 +62,7 @@ def test_pad_falls_back_to_eos_and_generation_config_adds_stop_ids(checkpoints):
 
 
 def test_tiny_random_byte_level_checkpoint(tmp_path):
-    from relax.rollout.hf.tiny_random import build_tiny_random_checkpoint
+    from relax.models.hf.tiny_random import build_tiny_random_checkpoint
 
     path = build_tiny_random_checkpoint(tmp_path / "byte", "llama", tie=True)
     tok = load_hf_tokenizer(path)

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from relax.rollout.hf import export_hf_checkpoint, load_hf_model
-from relax.rollout.hf.tiny_random import build_tiny_random_checkpoint
+from relax.models.hf import export_hf_checkpoint, load_hf_model
+from relax.models.hf.tiny_random import build_tiny_random_checkpoint
 
 HERE = Path(__file__).parent
 

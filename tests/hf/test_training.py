@@ -6,14 +6,8 @@ import torch
 from relax.algorithms import AdvantageInputs, AlgorithmConfig, PolicyLossInputs, get_algorithm
 from relax.backends.torch_backend import TorchBackend
 from relax.rollout.base import SamplingParams
-from relax.rollout.hf import (
-    HFEngine,
-    export_hf_checkpoint,
-    hf_forward_logits,
-    load_hf_model,
-    load_hf_tokenizer,
-    save_hf_checkpoint,
-)
+from relax.models.hf import export_hf_checkpoint, hf_forward_logits, load_hf_model, load_hf_tokenizer, save_hf_checkpoint
+from relax.rollout.hf import HFEngine
 
 PROMPTS = ["what is 3 + 4 ?", "hello", "add the numbers 1 and 2 please", "yes"]
 

@@ -59,7 +59,7 @@ def build_tokenizer(directory: str | Path):
 
 def model_config(family: str, vocab_size: int, *, tie: bool = False):
     """A config of a few hundred thousand parameters for ``family`` in {llama, qwen2, qwen3}."""
-    from relax.rollout.hf.tiny_random import model_config as _model_config
+    from relax.models.hf.tiny_random import model_config as _model_config
 
     return _model_config(family, vocab_size, tie=tie)
 

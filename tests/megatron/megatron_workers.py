@@ -12,8 +12,8 @@ from relax.algorithms import AlgorithmConfig
 from relax.algorithms.gdpo import GDPO
 from relax.algorithms.grpo import GRPO
 from relax.algorithms.types import PolicyLossInputs
-from relax.backends.base import TokenBatch
-from relax.rollout.tiny.model import TinyCausalLM, TinyLMConfig
+from relax.models.batch import TokenBatch
+from relax.models.tiny.model import TinyCausalLM, TinyLMConfig
 
 CFG = TinyLMConfig(max_seq_len=16)
 LR = 1e-2
@@ -226,16 +226,26 @@ def gdpo_rollout():
     return algorithm, rewards, mask
 
 
+def _shard_minibatches(segment_sizes, dp_size: int) -> list[tuple[list[int], tuple[int, ...]]]:
+    """Each mini-batch (consecutive rows) split over ``dp_size`` ranks as evenly as possible: per rank
+    ``(row indices, its segment sizes)``; a rank may hold 0 rows of a mini-batch (size 0 listed)."""
+    shards = [([], []) for _ in range(dp_size)]
+    start = 0
+    for size in segment_sizes:
+        base, extra = divmod(size, dp_size)
+        for rank in range(dp_size):
+            n = base + (1 if rank < extra else 0)
+            shards[rank][0].extend(range(start, start + n))
+            shards[rank][1].append(n)
+            start += n
+    return [(rows, tuple(sizes)) for rows, sizes in shards]
+
+
 def _gdpo_on_actor(backend) -> dict:
-    from relax.backends.megatron.advantages import compute_advantages_on_actor, shard_minibatches
+    from relax.algorithms import AdvantageInputs
 
     algorithm, rewards, mask = gdpo_rollout()
-    rows, sizes = shard_minibatches(GDPO_SEGMENTS, backend.dp_size)[backend.dp_rank]
-    adv, ret = compute_advantages_on_actor(
-        algorithm,
-        rewards=rewards[rows],
-        response_mask=mask[rows],
-        segment_sizes=sizes,
-        process_group=backend.dp_group,
-    )
+    rows, sizes = _shard_minibatches(GDPO_SEGMENTS, backend.dp_size)[backend.dp_rank]
+    inputs = AdvantageInputs(rewards=rewards[rows], response_mask=mask[rows], segment_sizes=sizes)
+    adv, ret = algorithm.compute_advantages(inputs, process_group=backend.dp_group)
     return {"rows": rows, "segment_sizes": sizes, "advantages": adv, "returns": ret}

@@ -25,7 +25,7 @@ def test_transformer_engine_layer_spec_and_config_build():
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
 
     from relax.backends.megatron.model import transformer_config
-    from relax.rollout.tiny.model import TinyLMConfig
+    from relax.models.tiny.model import TinyLMConfig
 
     spec = get_gpt_layer_with_transformer_engine_spec()
     config = transformer_config(TinyLMConfig())

@@ -30,7 +30,7 @@ def test_untested_megatron_version_is_refused_not_patched():
 def test_importing_the_package_does_not_import_megatron_or_patch_torch():
     code = (
         "import sys, torch; before = torch.cuda.current_device\n"
-        "import relax.backends.megatron, relax.backends.megatron.advantages\n"
+        "import relax.backends.megatron, relax.backends.registry\n"
         "assert not any(m == 'megatron' or m.startswith('megatron.') for m in sys.modules), 'megatron imported'\n"
         "assert torch.cuda.current_device is before, 'torch.cuda patched at import'\n"
     )

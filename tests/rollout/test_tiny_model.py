@@ -7,12 +7,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from relax.backends.base import TokenBatch
+from relax.models.batch import TokenBatch
 from relax.rollout.base import SamplingParams
 from relax.rollout.tiny.engine import TinyEngine, left_pad, sampling_log_probs
-from relax.rollout.tiny.model import KVCache, TinyCausalLM, TinyLMConfig
-from relax.rollout.tiny.tokenizer import TinyTokenizer
-from relax.rollout.tiny.warmup import CHECKPOINT, load_warmup_model, measure_base_rates, train_warmup, warmup_base_rates
+from relax.models.tiny.model import KVCache, TinyCausalLM, TinyLMConfig
+from relax.models.tiny.tokenizer import TinyTokenizer
+from relax.models.tiny.weights import CHECKPOINT, load_warmup_model, warmup_base_rates
+from relax.rollout.tiny.warmup import measure_base_rates, train_warmup
 
 TOK = TinyTokenizer()
 

@@ -11,15 +11,16 @@ import torch
 
 from relax.algorithms import AlgorithmConfig
 from relax.runtime.config import RunConfig
-from relax.runtime.train import checkpoint_path, run
+from relax.runtime.checkpoints import checkpoint_path
+from relax.runtime.train import run
 
 pytestmark = [pytest.mark.ray, pytest.mark.filterwarnings("ignore")]
 
 
 @pytest.mark.timeout(300)
 def test_hf_run_writes_a_loadable_hf_checkpoint_at_the_final_step(ray_cluster, tmp_path, monkeypatch):
-    from relax.rollout.hf import load_hf_model
-    from relax.rollout.hf.tiny_random import build_tiny_random_checkpoint
+    from relax.models.hf import load_hf_model
+    from relax.models.hf.tiny_random import build_tiny_random_checkpoint
 
     ckpt = build_tiny_random_checkpoint(tmp_path / "tiny-llama", "llama", hidden=64, layers=1)
     data = tmp_path / "prompts.jsonl"

@@ -13,7 +13,8 @@ import json
 import pytest
 import torch
 
-from relax.runtime.train import checkpoint_path, run
+from relax.runtime.checkpoints import checkpoint_path
+from relax.runtime.train import run
 
 pytestmark = [
     pytest.mark.megatron,
@@ -64,7 +65,7 @@ def test_megatron_gdpo_raises_the_reward(tp1):
     first, last = total(rows[:3]), total(rows[-3:])
     assert last > first + 0.1, (first, last)
     # A Megatron checkpoint holds the whole model in TinyCausalLM naming (what the rollout loads).
-    from relax.rollout.tiny.warmup import load_warmup_model
+    from relax.models.tiny.weights import load_warmup_model
 
     state = _state(out, STEPS)
     assert state["backend"] == "megatron"

@@ -9,6 +9,7 @@ import pytest
 import torch
 from memory_plane import MemoryDataPlane
 
+import relax.backends.megatron as megatron_pkg
 from relax.algorithms import AlgorithmConfig, get_algorithm
 from relax.runtime.actor_worker import ActorCore
 from relax.runtime.advantages import AdvantagesCore
@@ -258,7 +259,8 @@ def _state_of(backend: str) -> dict:
 
 
 def test_a_checkpoint_of_the_other_backend_is_refused_naming_the_flags():
-    from relax.runtime.train import check_checkpoint, checkpoint_backend
+    from relax.backends.registry import checkpoint_backend
+    from relax.runtime.checkpoints import check_checkpoint
 
     megatron = RunConfig(advantage_estimator="gdpo", backend="megatron")
     assert checkpoint_backend(_state_of("torch")) == "torch"  # older checkpoints: by their layout
@@ -275,7 +277,7 @@ def test_a_checkpoint_of_the_other_backend_is_refused_naming_the_flags():
 def test_hf_checkpoint_with_megatron_is_a_configuration_error(monkeypatch):
     from relax.cli import validation
 
-    monkeypatch.setattr(validation, "megatron_installed", lambda: True)
+    monkeypatch.setattr(megatron_pkg, "megatron_installed", lambda: True)
     algo = get_algorithm("gdpo")
     base = {"advantage_estimator": "gdpo", "algorithm": AlgorithmConfig(reward_keys=KEYS, n_samples_per_prompt=4)}
     with pytest.raises(validation.ConfigError, match=r"--hf-checkpoint /m cannot be trained with --backend megatron"):
@@ -287,7 +289,7 @@ def test_hf_checkpoint_with_megatron_is_a_configuration_error(monkeypatch):
 
 
 def test_gpu_requests():
-    from relax.runtime.train import gpu_requests
+    from relax.runtime.cluster import gpu_requests
 
     assert gpu_requests(0, 1) == (0.0, 0.0)
     assert gpu_requests(1, 1) == (0.5, 0.5)  # one actor rank shares the GPU with the rollout

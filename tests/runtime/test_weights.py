@@ -54,7 +54,7 @@ def test_unpack_passes_plain_state_dicts_and_none_through(weights):
 
 
 def test_packed_weights_load_into_the_model_exactly():
-    from relax.rollout.tiny.warmup import load_warmup_model
+    from relax.models.tiny.weights import load_warmup_model
 
     source, target = load_warmup_model(), load_warmup_model()
     with torch.no_grad():

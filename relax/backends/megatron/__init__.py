@@ -6,6 +6,9 @@ missing install into an error that says which extra to install.
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 INSTALL_HINT = (
     "--backend megatron needs megatron-core, which is not installed. Install the extra with "
     "`pip install 'relax-rl[megatron]'` (megatron-core==0.16.1; keep torch==2.13.0 pinned)."
@@ -30,3 +33,34 @@ def load_megatron_backend():
     from relax.backends.megatron.backend import MegatronBackend
 
     return MegatronBackend
+
+
+def megatron_installed() -> bool:
+    """Is megatron-core importable? Looks at the files only: importing it is slow and heavy."""
+    spec = importlib.util.find_spec("megatron")
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    return any((Path(p) / "core" / "__init__.py").is_file() for p in spec.submodule_search_locations)
+
+
+def config_errors(config) -> list[str]:
+    """What a ``RunConfig`` asks of ``--backend megatron`` that it cannot do (without importing it)."""
+    errors = []
+    if not megatron_installed():
+        errors.append(
+            "--backend megatron needs megatron-core, which is not installed: pip install 'relax-rl[megatron]' "
+            "(or use --backend torch)"
+        )
+    if config.hf_checkpoint:
+        errors.append(
+            f"--hf-checkpoint {config.hf_checkpoint} cannot be trained with --backend megatron, which trains "
+            "the built-in model only: use --backend torch, or drop --hf-checkpoint (the Hugging Face to "
+            "Megatron converter is documented in docs/en/real-models.md)"
+        )
+    tp, pp = config.tensor_model_parallel_size, config.pipeline_model_parallel_size
+    if config.actor_num_workers % (tp * pp):
+        errors.append(
+            f"--actor-num-workers {config.actor_num_workers} must be a multiple of "
+            f"--tensor-model-parallel-size {tp} x --pipeline-model-parallel-size {pp} = {tp * pp}"
+        )
+    return errors

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import socket
+import warnings
 from collections.abc import Mapping
 from functools import partial
 
@@ -34,7 +35,7 @@ from relax.backends.megatron.model import (
     tiny_to_megatron,
     transformer_config,
 )
-from relax.rollout.tiny.model import TinyCausalLM, TinyLMConfig
+from relax.models.tiny.model import TinyCausalLM, TinyLMConfig
 
 CHECKPOINT_FORMAT = "relax-megatron-v1"
 
@@ -90,6 +91,43 @@ class MegatronBackend(TrainingBackend):
     ``initial_weights`` are in ``TinyCausalLM`` naming; without them the model starts from
     ``TinyCausalLM(model_config)`` built after ``torch.manual_seed(seed)`` (the torch backend's init).
     """
+
+    name = "megatron"
+    gathers_on_all_ranks = True  # weights are sharded over tensor/pipeline ranks
+
+    @classmethod
+    def for_policy(cls, config, model, *, process_group=None) -> "MegatronBackend":
+        """One actor rank, initialized from ``model`` (the built-in ``TinyCausalLM`` the torch backend
+        would train) with the run's optimizer settings.
+
+        Megatron builds its own data/tensor/pipeline groups on top of ``torch.distributed`` (started
+        over all ``actor_num_workers`` ranks; a single rank starts a one-process group itself). Every
+        rank must then call the backend's methods together; tensor/pipeline peers hold the same data
+        shard (``dp_rank``) and only the first of them writes shared fields.
+        """
+        if not isinstance(model, TinyCausalLM):
+            raise ValueError("--backend megatron trains the built-in TinyCausalLM only; use --backend torch")
+        with warnings.catch_warnings():  # megatron-core's notes on optional fused kernels, once per rank
+            warnings.filterwarnings("ignore", message="Apex is not installed")
+            return cls(
+                model.config,
+                initial_weights=model.state_dict(),
+                lr=config.lr,
+                clip_grad=config.clip_grad,
+                seed=config.seed,
+                tensor_model_parallel_size=config.tensor_model_parallel_size,
+                pipeline_model_parallel_size=config.pipeline_model_parallel_size,
+                micro_batch_size=config.micro_batch_size,
+                temperature=config.rollout_temperature,
+            )
+
+    @classmethod
+    def process_group_kind(cls, model) -> str:
+        return "nccl" if torch.cuda.is_available() else "gloo"
+
+    @property
+    def writes_shared_fields(self) -> bool:
+        return self.tp_rank == 0 and self.is_first_stage
 
     def __init__(
         self,

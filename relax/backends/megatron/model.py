@@ -36,7 +36,7 @@ from collections.abc import Mapping
 import torch
 import torch.nn.functional as F
 
-from relax.rollout.tiny.model import TinyLMConfig
+from relax.models.tiny.model import TinyLMConfig
 
 # Which dim of each Megatron tensor is split across tensor-parallel ranks (None: replicated).
 _SHARD_DIM_BY_SUFFIX = {

@@ -1,28 +1,9 @@
-"""Hugging Face checkpoints: loading from local directories, KV-cached generation with sampling
-log-probs (``HFEngine``), the ``TorchBackend`` adapter and ``save_pretrained`` checkpoints.
+"""Generation with Hugging Face causal LMs: the KV-cached ``HFEngine`` with sampling log-probs.
 
-Needs ``transformers`` (the ``hf`` extra); importing this package does not import it until a
-loader runs.
+The models themselves (loading, tokenizer, export) live in ``relax.models.hf``.
 """
 
-from relax.rollout.hf.adapter import hf_forward_logits
-from relax.rollout.hf.checkpoint import export_hf_checkpoint, save_hf_checkpoint
-from relax.rollout.hf.engine import HFEngine, load_hf_state_dict, top_p_filter
-from relax.rollout.hf.factory import hf_engine_from_config, hf_policy_model, hf_reference_model
-from relax.rollout.hf.loading import HFTokenizer, check_checkpoint_dir, load_hf_model, load_hf_tokenizer
+from relax.rollout.hf.engine import HFEngine, top_p_filter
+from relax.rollout.hf.factory import hf_engine_from_config
 
-__all__ = [
-    "HFEngine",
-    "HFTokenizer",
-    "check_checkpoint_dir",
-    "export_hf_checkpoint",
-    "hf_engine_from_config",
-    "hf_forward_logits",
-    "hf_policy_model",
-    "hf_reference_model",
-    "load_hf_model",
-    "load_hf_state_dict",
-    "load_hf_tokenizer",
-    "save_hf_checkpoint",
-    "top_p_filter",
-]
+__all__ = ["HFEngine", "hf_engine_from_config", "top_p_filter"]

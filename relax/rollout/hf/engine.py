@@ -19,9 +19,9 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from relax.backends.base import TokenBatch
+from relax.models.batch import TokenBatch
+from relax.models.hf.loading import HFTokenizer, load_hf_state_dict
 from relax.rollout.base import Generation, GenerationEngine, SamplingParams
-from relax.rollout.hf.loading import HFTokenizer
 
 
 def left_pad(prompt_ids: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -192,28 +192,3 @@ class HFEngine(GenerationEngine):
     def load_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
         """Copy the trainer's weights (HF ``state_dict`` names) into the model, casting dtype/device."""
         load_hf_state_dict(self.model, weights)
-
-
-def load_hf_state_dict(model: torch.nn.Module, weights: Mapping[str, torch.Tensor]) -> None:
-    """``model.load_state_dict(weights, strict=True)`` with an error that lists the name mismatch.
-
-    Tied embeddings: ``lm_head.weight`` may be absent from ``weights`` when the model ties it to the
-    input embedding (both names then refer to one tensor)."""
-    own = model.state_dict()
-    missing = [k for k in own if k not in weights]
-    unexpected = [k for k in weights if k not in own]
-    if getattr(model.config, "tie_word_embeddings", False):
-        tied = {"lm_head.weight"}
-        missing = [k for k in missing if k not in tied]
-    if missing or unexpected:
-        raise KeyError(
-            "weights do not match the Hugging Face model's parameter names: "
-            f"missing {missing[:5]}{' ...' if len(missing) > 5 else ''}, "
-            f"unexpected {unexpected[:5]}{' ...' if len(unexpected) > 5 else ''}. "
-            "The trainer must export the HF module's own state_dict names (no wrapper prefix)."
-        )
-    for name, value in weights.items():
-        target = own[name]
-        if target.shape != value.shape:
-            raise ValueError(f"weight {name!r}: shape {tuple(value.shape)} != model's {tuple(target.shape)}")
-        target.copy_(value)

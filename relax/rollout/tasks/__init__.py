@@ -9,13 +9,13 @@ from collections.abc import Callable
 
 import attrs
 
+from relax.models.tiny.tokenizer import TinyTokenizer
 from relax.rollout.tasks import addition
-from relax.rollout.tiny.tokenizer import TinyTokenizer
 
 
 def _warmup_engine():
+    from relax.models.tiny.weights import load_warmup_model
     from relax.rollout.tiny.engine import TinyEngine
-    from relax.rollout.tiny.warmup import load_warmup_model
 
     return TinyEngine(load_warmup_model())
 

@@ -35,10 +35,13 @@ from __future__ import annotations
 import hashlib
 import random
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from relax.rollout.base import Prompt
-from relax.rollout.tiny.tokenizer import TinyTokenizer
+from relax.models.tiny.tokenizer import TinyTokenizer
+from relax.rollout.base import Prompt, SamplingParams
+
+if TYPE_CHECKING:
+    from relax.rollout.tasks import Task
 
 MAX_NEW_TOKENS = 8
 BASE_COMPONENTS: tuple[str, ...] = ("correct", "digits", "format", "length")
@@ -188,3 +191,19 @@ def make_reward_fn(components: Sequence[str] = BASE_COMPONENTS):
 
 
 addition_reward = make_reward_fn(BASE_COMPONENTS)
+
+
+def greedy_accuracy(engine, task: Task, problems: Sequence[Prompt] | None = None) -> float:
+    """Fraction of ``problems`` (default: all 100 addition problems) whose greedy answer scores
+    ``correct`` = 1 under ``task.reward_fn``."""
+    if "correct" not in task.reward_keys:
+        raise ValueError(
+            f"greedy_accuracy scores the 'correct' component; task {task.name!r} has {task.reward_keys}"
+        )
+    problems = list(all_problems() if problems is None else problems)
+    tok = engine.tokenizer
+    params = SamplingParams(temperature=0.0, max_new_tokens=task.max_new_tokens)
+    gen = engine.generate([tok.encode(p.text) for p in problems], params)
+    texts = engine.decode_responses(gen)
+    hits = sum(task.reward_fn(p.text, c, p.label, p.metadata)["correct"] for p, c in zip(problems, texts))
+    return hits / len(problems)

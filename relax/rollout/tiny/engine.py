@@ -16,10 +16,10 @@ from collections.abc import Mapping
 
 import torch
 
-from relax.backends.base import TokenBatch
+from relax.models.batch import TokenBatch
+from relax.models.tiny.model import KVCache, TinyCausalLM
+from relax.models.tiny.tokenizer import TinyTokenizer
 from relax.rollout.base import Generation, GenerationEngine, SamplingParams
-from relax.rollout.tiny.model import KVCache, TinyCausalLM
-from relax.rollout.tiny.tokenizer import TinyTokenizer
 
 
 def left_pad(prompt_ids: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:

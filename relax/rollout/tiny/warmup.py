@@ -11,9 +11,9 @@ or the two swapped); stops with ``<eos>`` or never stops (p = 0.5: filled with r
 non-special tokens up to 8). Recipe: 400 steps, batch 64, AdamW lr 3e-3, cross-entropy on the
 response tokens only.
 
-``python -m relax.rollout.tiny.warmup --out relax/rollout/tiny/checkpoint/warmup.pt`` regenerates
+``python -m relax.rollout.tiny.warmup --out relax/models/tiny/checkpoint/warmup.pt`` regenerates
 the shipped checkpoint (deterministic: fixed seed, one thread) and prints its base rates;
-``load_warmup_model()`` loads the shipped one.
+``relax.models.tiny.weights.load_warmup_model()`` loads the shipped one.
 """
 
 from __future__ import annotations
@@ -26,6 +26,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from relax.models.tiny.model import TinyCausalLM, TinyLMConfig
+from relax.models.tiny.tokenizer import DIGITS, TinyTokenizer
+from relax.models.tiny.weights import CHECKPOINT
 from relax.rollout.base import SamplingParams
 from relax.rollout.tasks.addition import (
     BASE_COMPONENTS,
@@ -35,10 +38,7 @@ from relax.rollout.tasks.addition import (
     score_components,
 )
 from relax.rollout.tiny.engine import TinyEngine
-from relax.rollout.tiny.model import TinyCausalLM, TinyLMConfig
-from relax.rollout.tiny.tokenizer import DIGITS, TinyTokenizer
 
-CHECKPOINT = Path(__file__).parent / "checkpoint" / "warmup.pt"
 RECIPE = {"steps": 400, "batch_size": 64, "lr": 3e-3, "seed": 0}
 _TOK = TinyTokenizer()
 _FILLER = [*DIGITS, "+", "=", "<a>", "</a>"]
@@ -116,25 +116,6 @@ def save_checkpoint(model: TinyCausalLM, path: Path, base_rates: dict[str, float
     path.parent.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
     torch.save({"config": model.config.to_dict(), "model": state, "recipe": RECIPE, "base_rates": base_rates}, path)
-
-
-def load_warmup_model(path: str | Path | None = None) -> TinyCausalLM:
-    """The shipped warm-up model (or the checkpoint at ``path``)."""
-    path = Path(path) if path is not None else CHECKPOINT
-    if not path.exists():
-        raise FileNotFoundError(
-            f"no warm-up checkpoint at {path}; regenerate it with python -m relax.rollout.tiny.warmup --out {path}"
-        )
-    ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    model = TinyCausalLM(TinyLMConfig(**ckpt["config"]))
-    model.load_state_dict(ckpt["model"])
-    return model.eval()
-
-
-def warmup_base_rates(path: str | Path | None = None) -> dict[str, float]:
-    """The base rates recorded in the checkpoint when it was made (``measure_base_rates``)."""
-    path = Path(path) if path is not None else CHECKPOINT
-    return dict(torch.load(path, map_location="cpu", weights_only=True)["base_rates"])
 
 
 def main(argv=None) -> dict[str, float]:

@@ -13,8 +13,7 @@ from pathlib import Path
 
 import torch
 
-from relax.rollout.hf.engine import load_hf_state_dict
-from relax.rollout.hf.loading import HFTokenizer, load_hf_model, load_hf_tokenizer
+from relax.models.hf.loading import HFTokenizer, load_hf_model, load_hf_state_dict, load_hf_tokenizer
 
 
 def save_hf_checkpoint(

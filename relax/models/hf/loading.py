@@ -171,3 +171,28 @@ def load_hf_tokenizer(path: str | os.PathLike, *, flag: str = "--hf-checkpoint")
     except (OSError, ValueError, KeyError) as exc:
         raise ValueError(f"{flag} {str(path)!r}: transformers could not load its tokenizer: {exc}") from exc
     return HFTokenizer(tok, extra_stop_ids=_generation_config_stop_ids(p))
+
+
+def load_hf_state_dict(model: torch.nn.Module, weights: Mapping[str, torch.Tensor]) -> None:
+    """``model.load_state_dict(weights, strict=True)`` with an error that lists the name mismatch.
+
+    Tied embeddings: ``lm_head.weight`` may be absent from ``weights`` when the model ties it to the
+    input embedding (both names then refer to one tensor)."""
+    own = model.state_dict()
+    missing = [k for k in own if k not in weights]
+    unexpected = [k for k in weights if k not in own]
+    if getattr(model.config, "tie_word_embeddings", False):
+        tied = {"lm_head.weight"}
+        missing = [k for k in missing if k not in tied]
+    if missing or unexpected:
+        raise KeyError(
+            "weights do not match the Hugging Face model's parameter names: "
+            f"missing {missing[:5]}{' ...' if len(missing) > 5 else ''}, "
+            f"unexpected {unexpected[:5]}{' ...' if len(unexpected) > 5 else ''}. "
+            "The trainer must export the HF module's own state_dict names (no wrapper prefix)."
+        )
+    for name, value in weights.items():
+        target = own[name]
+        if target.shape != value.shape:
+            raise ValueError(f"weight {name!r}: shape {tuple(value.shape)} != model's {tuple(target.shape)}")
+        target.copy_(value)

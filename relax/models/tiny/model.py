@@ -23,7 +23,6 @@ row's first real token), so a left-padded row computes exactly what the unpadded
 
 from __future__ import annotations
 
-
 import attrs
 import torch
 import torch.nn.functional as F

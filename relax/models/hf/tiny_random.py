@@ -1,7 +1,7 @@
 """Build a tiny *random* Hugging Face checkpoint on disk, for trying the ``--hf-checkpoint`` path on
 a CPU without downloading anything::
 
-    python -m relax.rollout.hf.tiny_random /tmp/tiny-qwen3 --family qwen3
+    python -m relax.models.hf.tiny_random /tmp/tiny-qwen3 --family qwen3
 
 The tokenizer is byte-level (256 byte tokens + ``<pad> <bos> <eos> <|im_start|> <|im_end|>``, no
 merges), so it encodes any text, and it carries a ChatML-style chat template; the model is a

@@ -1,0 +1,107 @@
+"""Token batches shared by the rollout engines and the training backends.
+
+Layout of a batch (``TokenBatch``): prompts are *left*-padded to width P and responses *right*-padded
+to width T, so every response starts at column P and per-token tensors of the algorithm layer are
+``[N, T]`` aligned with ``response_ids``. The log-prob of response token t is read from the logits at
+column ``P + t - 1``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import attrs
+import torch
+from torch import nn
+
+
+@attrs.frozen(kw_only=True)
+class TokenBatch:
+    prompt_ids: torch.Tensor  # [N, P] int64, left-padded
+    prompt_mask: torch.Tensor  # [N, P] bool
+    response_ids: torch.Tensor  # [N, T] int64, right-padded
+    response_mask: torch.Tensor  # [N, T] bool
+
+    def __attrs_post_init__(self):
+        n = self.prompt_ids.shape[0]
+        if self.prompt_mask.shape != self.prompt_ids.shape or self.response_mask.shape != self.response_ids.shape:
+            raise ValueError("each mask must have the shape of its ids")
+        if self.response_ids.shape[0] != n:
+            raise ValueError(f"prompt rows ({n}) != response rows ({self.response_ids.shape[0]})")
+
+    def __len__(self) -> int:
+        return self.prompt_ids.shape[0]
+
+    @property
+    def prompt_width(self) -> int:
+        return self.prompt_ids.shape[1]
+
+    @property
+    def input_ids(self) -> torch.Tensor:
+        return torch.cat([self.prompt_ids, self.response_ids], dim=1)
+
+    @property
+    def attention_mask(self) -> torch.Tensor:
+        return torch.cat([self.prompt_mask, self.response_mask], dim=1)
+
+    @property
+    def position_ids(self) -> torch.Tensor:
+        """Positions counted from each row's first real token (left padding gets position 0)."""
+        return (self.attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
+
+    def select(self, rows) -> "TokenBatch":
+        return TokenBatch(
+            prompt_ids=self.prompt_ids[rows],
+            prompt_mask=self.prompt_mask[rows],
+            response_ids=self.response_ids[rows],
+            response_mask=self.response_mask[rows],
+        )
+
+
+@attrs.frozen
+class TokenValues:
+    values: torch.Tensor  # [N, T] float32 critic values of the response positions, zero where masked
+
+
+@attrs.frozen
+class TokenLogProbs:
+    log_probs: torch.Tensor  # [N, T] float32, zero where response_mask is false
+    entropy: torch.Tensor | None = None  # [N, T] float32 or None
+
+
+ForwardLogits = Callable[[nn.Module, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def default_forward_logits(
+    model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor
+) -> torch.Tensor:
+    """``model(input_ids=, attention_mask=, position_ids=)`` -> logits ``[N, S, V]``.
+
+    Accepts a tensor, a tuple whose first item is the logits, or an object with ``.logits``
+    (transformers). The mask is passed as int64, which both ``TinyCausalLM`` and transformers accept.
+    """
+    out = model(input_ids=input_ids, attention_mask=attention_mask.long(), position_ids=position_ids)
+    if isinstance(out, torch.Tensor):
+        return out
+    if hasattr(out, "logits"):
+        return out.logits
+    if isinstance(out, tuple):
+        return out[0]
+    raise TypeError(f"cannot find logits in the model output of type {type(out).__name__}; pass forward_logits=")
+
+
+def response_log_probs(
+    logits: torch.Tensor, batch: TokenBatch, *, with_entropy: bool, temperature: float = 1.0
+) -> TokenLogProbs:
+    """Log-probs (and entropy) ``[N, T]`` of ``batch.response_ids`` from full-sequence ``logits``."""
+    p, t = batch.prompt_width, batch.response_ids.shape[1]
+    scores = logits[:, p - 1 : p + t - 1].float()
+    if temperature != 1.0:
+        scores = scores / temperature
+    log_probs_all = torch.log_softmax(scores, dim=-1)
+    mask = batch.response_mask
+    log_probs = log_probs_all.gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1) * mask
+    entropy = None
+    if with_entropy:
+        entropy = -(log_probs_all.exp() * log_probs_all).sum(-1) * mask
+    return TokenLogProbs(log_probs=log_probs, entropy=entropy)

@@ -1,0 +1,52 @@
+"""The trainer's models for a ``RunConfig``: policy, frozen reference and the forward adapter.
+
+The embedded default (no ``--hf-checkpoint``) is the shipped warm-up ``TinyCausalLM``; with
+``--hf-checkpoint`` a transformers ``*ForCausalLM`` loaded from that directory. Every process calls
+these with the same config, so the rollout's copy and every training rank start from the same
+weights without sending them around.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from relax.models.batch import ForwardLogits, default_forward_logits
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+def build_policy_model(config, *, device=None, dtype=torch.float32) -> nn.Module:
+    """The trainable policy, initialized exactly like the rollout engine's copy."""
+    if config.hf_checkpoint:
+        from relax.models.hf.loading import load_hf_model
+
+        return load_hf_model(config.hf_checkpoint, dtype=dtype, device=device or default_device())
+    from relax.models.tiny.weights import load_warmup_model
+
+    return load_warmup_model()
+
+
+def build_reference_model(config, *, device=None, dtype=torch.float32) -> nn.Module:
+    """The frozen reference policy: ``--ref-load`` if given, else the initial policy."""
+    if config.hf_checkpoint:
+        from relax.models.hf.loading import load_hf_model
+
+        path, flag = (config.ref_load, "--ref-load") if config.ref_load else (config.hf_checkpoint, "--hf-checkpoint")
+        model = load_hf_model(path, dtype=dtype, device=device or default_device(), flag=flag)
+    else:
+        from relax.models.tiny.weights import load_warmup_model
+
+        model = load_warmup_model(config.ref_load) if config.ref_load else load_warmup_model()
+    model.requires_grad_(False)
+    return model.eval()
+
+
+def forward_logits_fn(config) -> ForwardLogits:
+    if config.hf_checkpoint:
+        from relax.models.hf.adapter import hf_forward_logits
+
+        return hf_forward_logits
+    return default_forward_logits

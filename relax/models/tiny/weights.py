@@ -1,0 +1,34 @@
+"""The shipped warm-up checkpoint of the built-in ``TinyCausalLM`` (made by ``relax.rollout.tiny.warmup``).
+
+Both the rollout engine and the trainer start from it, each loading it itself, so no weights are
+sent around at start-up.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from relax.models.tiny.model import TinyCausalLM, TinyLMConfig
+
+CHECKPOINT = Path(__file__).parent / "checkpoint" / "warmup.pt"
+
+
+def load_warmup_model(path: str | Path | None = None) -> TinyCausalLM:
+    """The shipped warm-up model (or the checkpoint at ``path``)."""
+    path = Path(path) if path is not None else CHECKPOINT
+    if not path.exists():
+        raise FileNotFoundError(
+            f"no warm-up checkpoint at {path}; regenerate it with python -m relax.rollout.tiny.warmup --out {path}"
+        )
+    ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    model = TinyCausalLM(TinyLMConfig(**ckpt["config"]))
+    model.load_state_dict(ckpt["model"])
+    return model.eval()
+
+
+def warmup_base_rates(path: str | Path | None = None) -> dict[str, float]:
+    """The base rates recorded in the checkpoint when it was made (``measure_base_rates``)."""
+    path = Path(path) if path is not None else CHECKPOINT
+    return dict(torch.load(path, map_location="cpu", weights_only=True)["base_rates"])

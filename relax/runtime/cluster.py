@@ -1,0 +1,214 @@
+"""The cluster side of a run: Ray start-up (or joining ``--ray-address``), GPU placement, and the
+live roles of one run (``Runtime``: the Ray actors, the Serve app, the data plane) with their
+teardown. The step pipeline that drives them is ``relax.runtime.pipeline``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import threading
+import time
+
+from relax.backends.registry import get_backend
+from relax.runtime import roles as R
+from relax.runtime.data_plane import partition_name
+from relax.runtime.environment import RAY_ENV_DEFAULTS, apply_environment_defaults
+
+WORKER_CPUS = 0.25  # logical: Ray's CPUs are scheduling tokens, not cores
+STARTUP_TIMEOUT_S = 300
+
+
+class WorkerDied(RuntimeError):
+    pass
+
+
+def log(msg: str, bar=None) -> None:
+    """A line on stderr (through the progress bar when one is shown, so it is not garbled)."""
+    if bar is not None:
+        bar.write(msg, file=sys.stderr)
+    else:
+        print(msg, file=sys.stderr, flush=True)
+
+
+def _runtime_env(config) -> dict:
+    """Workers must import what the driver imports, including a user's ``my_pkg.my_mod:MyAlgo``
+    from the current directory: locally through PYTHONPATH, on a remote cluster by shipping the
+    working directory."""
+    cwd = os.getcwd()
+    env = {k: os.environ.get(k, v) for k, v in RAY_ENV_DEFAULTS.items()}
+    paths = [cwd] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    runtime_env = {"env_vars": env}
+    if config.ray_address:
+        runtime_env["working_dir"] = cwd
+        runtime_env["excludes"] = ["outputs/", ".git/", "*.pt", "__pycache__/", ".tox/", "*.egg-info/"]
+    return runtime_env
+
+
+def _start_ray(config) -> bool:
+    """Start a local Ray or join ``ray_address``; returns True when this call started/joined it."""
+    apply_environment_defaults()
+    import ray
+
+    if ray.is_initialized():
+        return False  # e.g. the test session's shared cluster: use it, leave it running
+    # Worker logs reach the driver (errors must be visible); Ray's and Serve's INFO chatter does not.
+    kwargs = {"include_dashboard": False, "log_to_driver": True, "logging_level": "WARNING",
+              "runtime_env": _runtime_env(config)}
+    if config.ray_address:
+        ray.init(address=config.ray_address, **kwargs)
+    else:
+        # TransferQueue's controller and storage unit each ask for a whole CPU: more logical CPUs
+        # than cores (docs/en/ray-and-transferqueue.md, TransferQueue workarounds, item 1); the workers ask for a fraction each.
+        cpus = max(4, os.cpu_count() or 1, 2 + WORKER_CPUS * (config.actor_num_workers + 4))
+        ray.init(num_cpus=int(cpus + 0.999), object_store_memory=512 * 2**20, **kwargs)
+    return True
+
+
+def get(refs, what: str, timeout: float | None = None):
+    """``ray.get`` that turns a dead worker into one clear error naming the role."""
+    import ray
+    from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+
+    try:
+        return ray.get(refs, timeout=timeout)
+    except RayActorError as exc:
+        raise WorkerDied(f"the {what} worker died: {exc}. See the worker log lines above.") from exc
+    except RayTaskError as exc:
+        cause = exc.as_instanceof_cause() if hasattr(exc, "as_instanceof_cause") else exc
+        raise WorkerDied(f"the {what} worker failed: {type(cause).__name__}: {cause}") from exc
+    except GetTimeoutError as exc:
+        raise WorkerDied(
+            f"the {what} worker did not answer within {timeout:.0f}s (not enough Ray CPUs for every worker, or "
+            "stuck); check `ray status`"
+        ) from exc
+
+
+def gpu_requests(cluster_gpus: float, actor_workers: int) -> tuple[float, float]:
+    """``(num_gpus per actor rank, num_gpus of the rollout)`` for a cluster with ``cluster_gpus`` GPUs.
+
+    One GPU each when there are enough; a single actor rank shares one GPU with the rollout
+    (half each); otherwise none is requested (CPU, or whatever devices the workers see) because two
+    NCCL ranks must never share a GPU.
+    """
+    if cluster_gpus >= actor_workers + 1:
+        return 1.0, 1.0
+    if actor_workers == 1 and cluster_gpus >= 1:
+        return 0.5, 0.5
+    return 0.0, 0.0
+
+
+class Runtime:
+    """The live roles of one run (Ray actors, the Serve app, the data plane) and their teardown."""
+
+    def __init__(self, config, algorithm_cls, layout: R.RoleLayout):
+        self.config, self.algorithm_cls, self.layout = config, algorithm_cls, layout
+        self.backend_cls = get_backend(config.backend)
+        self.started_ray = False
+        self.serve_app = None
+        self.data_plane = None
+        self.rollout = None
+        self.actors: list = []
+        self.critic = None
+        self.adv_handle = None
+        self._serve_error = "unknown error"
+        self.startup_times: dict[str, float] = {}
+        self.last_step: int | None = None
+
+    def start(self) -> None:
+        import ray
+
+        from relax.runtime.actor_worker import ActorWorker
+        from relax.runtime.critic_worker import CriticWorker
+        from relax.runtime.data_plane import TransferQueueDataPlane
+        from relax.runtime.rollout_worker import RolloutWorker
+
+        cfg, algorithm_spec = self.config, self.config.advantage_estimator
+        t0 = time.perf_counter()
+        self.started_ray = _start_ray(cfg)
+        self.startup_times["ray_init_s"] = time.perf_counter() - t0
+        opts = {"num_cpus": WORKER_CPUS, "max_restarts": 0}
+        w = cfg.actor_num_workers
+        gpus = ray.cluster_resources().get("GPU", 0.0)
+        actor_gpus, rollout_gpus = gpu_requests(gpus, w)
+        if gpus and not actor_gpus:
+            log(f"relax: warning: {gpus:g} GPU(s) for {w} actor rank(s) + the rollout; requesting none "
+                 "(NCCL ranks cannot share a GPU)")
+        # Spawn every worker first: their processes start and import torch in parallel with the
+        # TransferQueue and Serve start-up below.
+        self.rollout = ray.remote(RolloutWorker).options(**opts, num_gpus=rollout_gpus).remote(cfg, algorithm_spec)
+        with_ref = R.REFERENCE in self.layout
+        on_actor = self.layout.placement[R.ADVANTAGES] == R.ON_ACTOR
+        self.actors = [
+            ray.remote(ActorWorker).options(**opts, num_gpus=actor_gpus).remote(
+                cfg, algorithm_spec, r, w, with_reference=with_ref, advantages_on_actor=on_actor
+            )
+            for r in range(w)
+        ]
+        if R.CRITIC in self.layout:
+            self.critic = ray.remote(CriticWorker).options(**opts).remote(cfg)
+        serve_thread = None
+        if not on_actor:
+            serve_thread = threading.Thread(target=self._deploy_advantages, daemon=True)
+            serve_thread.start()
+        self.data_plane = TransferQueueDataPlane().start()
+        self.startup_times["transferqueue_s"] = time.perf_counter() - t0 - self.startup_times["ray_init_s"]
+        workers = [self.rollout, *self.actors] + ([self.critic] if self.critic else [])
+        get([x.attach.remote() for x in workers], "start-up", timeout=STARTUP_TIMEOUT_S)
+        self.startup_times["workers_ready_s"] = time.perf_counter() - t0
+        if w > 1:
+            address = get(self.actors[0].free_address.remote(), "actor")
+            get([a.init_process_group.remote(address) for a in self.actors], "actor", timeout=STARTUP_TIMEOUT_S)
+        if serve_thread is not None:
+            serve_thread.join()
+            self.startup_times["serve_ready_s"] = self._serve_ready - t0
+            if self.adv_handle is None:
+                raise WorkerDied(f"the advantages deployment failed to start: {self._serve_error}")
+            # rank 0 sends each step's request itself (see relax.runtime.pipeline)
+            get(self.actors[0].set_advantages_service.remote(self.adv_handle), "actor")
+
+    def _deploy_advantages(self) -> None:
+        import logging
+
+        from ray import serve
+
+        from relax.runtime.advantages import APP_NAME, make_deployment
+
+        logging.getLogger("ray.serve").setLevel(logging.WARNING)
+        quiet = {"enable_access_log": False, "log_level": "WARNING"}
+        try:
+            serve.start(proxy_location="Disabled", logging_config=quiet)
+            app = make_deployment().bind(self.config.advantage_estimator, self.config.algorithm)
+            self.adv_handle = serve.run(app, name=APP_NAME, route_prefix=None, logging_config=quiet)
+            self.serve_app = APP_NAME
+            self._serve_ready = time.perf_counter()
+        except Exception as exc:  # noqa: BLE001 - reported by start() on the main thread
+            self._serve_error = f"{type(exc).__name__}: {exc}"
+
+    def stop(self) -> None:
+        import ray
+
+        with contextlib.suppress(Exception):
+            if self.serve_app is not None:
+                from ray import serve
+
+                serve.delete(self.serve_app)
+                if self.started_ray:
+                    serve.shutdown()
+        for handle in [self.rollout, *self.actors, self.critic]:
+            if handle is not None:
+                with contextlib.suppress(Exception):
+                    ray.kill(handle)
+        with contextlib.suppress(Exception):
+            if self.data_plane is not None:
+                if self.last_step is not None:  # stopped mid-step: drop what the steps in flight wrote
+                    for step in (self.last_step, self.last_step + 1):  # (matters when TQ outlives the run)
+                        with contextlib.suppress(Exception):
+                            if partition_name(step) in self.data_plane.client.get_partition_list():
+                                self.data_plane.clear(step)
+                self.data_plane.close()
+        if self.started_ray:
+            with contextlib.suppress(Exception):
+                ray.shutdown()

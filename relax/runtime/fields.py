@@ -1,0 +1,28 @@
+"""What the worker roles share about the data plane: the fields of a sample's tokens, their
+``TokenBatch``, and attaching a worker to the run's TransferQueue."""
+
+from __future__ import annotations
+
+from relax.models.batch import TokenBatch
+
+BATCH_FIELDS = ("prompt_ids", "prompt_mask", "response_ids", "response_mask")
+
+
+def token_batch(fields) -> TokenBatch:
+    return TokenBatch(
+        prompt_ids=fields["prompt_ids"].long(),
+        prompt_mask=fields["prompt_mask"].bool(),
+        response_ids=fields["response_ids"].long(),
+        response_mask=fields["response_mask"].bool(),
+    )
+
+
+class AttachesDataPlane:
+    """Mixin of the Ray workers: ``attach()`` connects ``self.data_plane`` to the run's TransferQueue
+    (imported only there, so the plain cores run without it)."""
+
+    def attach(self) -> bool:
+        from relax.runtime.data_plane import TransferQueueDataPlane
+
+        self.data_plane = TransferQueueDataPlane().attach()
+        return True

@@ -1,0 +1,47 @@
+"""The loss a training backend runs for one optimizer mini-batch, shared by the actor ranks and the
+single-process loop so that the step is defined once."""
+
+from __future__ import annotations
+
+import torch
+
+from relax.algorithms import PolicyLossInputs, PolicyLossOutput
+from relax.backends.base import LossFn
+
+
+def policy_loss_fn(
+    algorithm,
+    *,
+    old_log_probs: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    ref_log_probs: torch.Tensor | None = None,
+    global_num_tokens: float,
+    global_num_sequences: float,
+) -> LossFn:
+    """``loss_fn(token_log_probs, micro)`` for ``TrainingBackend.train_step``: ``algorithm.policy_loss``
+    on the micro-batch rows ``micro`` of this mini-batch's tensors, normalized by the mini-batch's
+    global token and sequence counts, so the backend's sum over micro-batches (and the gradient
+    all-reduce over data-parallel ranks) gives exactly the whole mini-batch's loss."""
+
+    def loss_fn(tlp, micro: slice) -> PolicyLossOutput:
+        return algorithm.policy_loss(
+            PolicyLossInputs(
+                log_probs=tlp.log_probs,
+                old_log_probs=old_log_probs[micro],
+                advantages=advantages[micro],
+                response_mask=response_mask[micro],
+                ref_log_probs=ref_log_probs[micro] if ref_log_probs is not None else None,
+                entropy=tlp.entropy,
+                global_num_tokens=float(global_num_tokens),
+                global_num_sequences=float(global_num_sequences),
+            )
+        )
+
+    return loss_fn
+
+
+def zero_loss(tlp, micro: slice) -> PolicyLossOutput:
+    """For a rank that holds nothing of a mini-batch: zero loss and gradient, but it still joins the
+    gradient all-reduce."""
+    return PolicyLossOutput(loss=tlp.log_probs.sum() * 0.0, metrics={})

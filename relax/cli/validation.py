@@ -290,14 +290,6 @@ def _check_backend(config, algorithm, who, errors, warnings):
     errors.extend(backend_config_errors(config))
 
 
-def _check_critic(config, algorithm, who, errors, warnings):
-    if algorithm.needs_critic and config.hf_checkpoint:
-        errors.append(
-            f"{who} trains a critic (needs_critic), and the critic is implemented for the built-in model only: "
-            f"drop --hf-checkpoint, or pick a critic-free method (`relax algorithms` lists needs_critic)"
-        )
-
-
 # Fields every run reads (the rollout, the reward stage or the runtime), whatever the method.
 _FRAMEWORK_FIELDS = frozenset({"n_samples_per_prompt", "reward_keys", "reward_weights", "rewards_normalization"})
 
@@ -329,7 +321,6 @@ RULES = (
     _check_loss,
     _check_batch,
     _check_backend,
-    _check_critic,
     _check_unused_hyperparameters,
 )
 

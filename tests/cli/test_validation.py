@@ -455,8 +455,9 @@ def test_default_configuration_of_every_builtin_has_no_unread_flag_warning(cli):
         assert "does not read" not in err, (name, err)
 
 
-def test_critic_with_hf_checkpoint_is_rejected_before_start(cli, tmp_path):
+def test_critic_with_hf_checkpoint_passes_validation(cli, tmp_path):
+    """PPO's critic is a value head on the Hugging Face model (tests/hf/test_train_cli.py trains it)."""
     (tmp_path / "config.json").write_text("{}")
-    err = rejected(cli, "--advantage-estimator", "ppo", "--hf-checkpoint", tmp_path)
-    assert "PPO (--advantage-estimator ppo) trains a critic (needs_critic)" in err
-    assert "drop --hf-checkpoint" in err
+    code, _, err = cli("train", "--dry-run", "--advantage-estimator", "ppo", "--hf-checkpoint", tmp_path)
+    assert code == 0, err
+    assert "critic" not in err

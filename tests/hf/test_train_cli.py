@@ -106,3 +106,34 @@ def test_relax_train_gdpo_on_a_tiny_random_hf_model(tmp_path):
         k for k, v in initial.state_dict().items() if not torch.equal(v, trained_model.state_dict()[k])
     ]
     assert changed, "the exported checkpoint equals the initial weights: no optimizer step reached it"
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_relax_train_ppo_with_a_value_head_on_a_tiny_random_hf_model(tmp_path):
+    """PPO's critic is the Hugging Face model's decoder with a value head, trained through the torch
+    backend: its loss is logged, and the head moves away from its zero initialization."""
+    ckpt = build_tiny_random_checkpoint(tmp_path / "tiny-qwen2", "qwen2")
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"{i} + {i + 1} =", "label": str(2 * i + 1)}) + "\n"
+                            for i in range(8)))
+    shutil.copy(HERE / "toy_reward.py", tmp_path / "toy_reward.py")
+    out = tmp_path / "out"
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env.setdefault("RAY_TMPDIR", f"/tmp/r_hf_{os.getpid()}")
+    env.update(RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0", TQ_NUM_THREADS="2", OMP_NUM_THREADS="1",
+               HF_HUB_OFFLINE="1")
+    cmd = ["relax", "train", "--advantage-estimator", "ppo", "--hf-checkpoint", str(ckpt), "--prompt-data", str(data),
+           "--custom-rm-path", "toy_reward:reward", "--reward-keys", "digits", "--num-rollout", "2",
+           "--rollout-batch-size", "4", "--n-samples-per-prompt", "2", "--rollout-max-response-len", "8",
+           "--critic-lr", "1e-2", "--save-interval", "2", "--no-progress", "--output-dir", str(out)]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=280, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(r["critic/value_loss"] >= 0 and r["critic/grad_norm"] > 0 for r in rows)
+    state = torch.load(out / "checkpoints" / "step_000002" / "state.pt", map_location="cpu", weights_only=False)
+    head = state["critic"]["model"]["head.weight"]
+    assert head.abs().sum() > 0, "the value head never trained"

@@ -7,6 +7,11 @@ A method subclasses ``RLAlgorithm`` and overrides only the stages that differ fr
   (advantages deployment, or each training rank with its data-parallel group);
 - ``policy_loss(inputs)`` -> ``PolicyLossOutput`` (each training rank).
 
+Two more methods have defaults a subclass may override: ``group_has_signal`` (which prompt groups the
+rollout keeps) and ``reward_diagnostics`` (the per-step metrics of the raw rewards; a method adds
+the statistics of its own reward stage there, so that the runtime never inspects a specific
+algorithm).
+
 Capability attributes (see ``capabilities.CAPABILITIES``) are validated by the metaclass when the
 class is *defined*, so a typo or a contradiction fails at import time with a ``TypeError`` naming the
 class and the attribute, instead of silently doing something else at run time.
@@ -22,6 +27,7 @@ from typing import ClassVar
 import attrs
 import torch
 
+from relax.algorithms import diagnostics
 from relax.algorithms.capabilities import CAPABILITIES, CONTRADICTIONS, METADATA_ATTRIBUTES
 from relax.algorithms.config import AlgorithmConfig
 from relax.algorithms.types import AdvantageInputs, PolicyLossInputs, PolicyLossOutput
@@ -93,7 +99,8 @@ class RLAlgorithm(metaclass=AlgorithmMeta):
     """Base class of every RL method. Instantiate with an ``AlgorithmConfig``.
 
     Subclasses override ``normalize_rewards``, ``compute_advantages`` and ``policy_loss`` (all three
-    are abstract here) and may override ``group_has_signal`` (which prompt groups the rollout keeps).
+    are abstract here) and may override ``group_has_signal`` (which prompt groups the rollout keeps)
+    and ``reward_diagnostics`` (extending, not replacing, the base metrics).
     """
 
     # -- capability attributes (defaults; documented in capabilities.py) --
@@ -147,6 +154,29 @@ class RLAlgorithm(metaclass=AlgorithmMeta):
         without a group baseline learns from a constant group too); group-relative methods override.
         """
         return torch.ones(rewards.shape[0], dtype=torch.bool)
+
+    def reward_diagnostics(
+        self,
+        rewards: torch.Tensor,
+        group_ids: torch.Tensor,
+        advantages: torch.Tensor | None = None,
+        *,
+        response_mask: torch.Tensor | None = None,
+    ) -> dict[str, float]:
+        """Metrics of one step's raw rewards, ``{name: float}``, logged to ``metrics.jsonl``.
+
+        ``rewards`` is the whole rollout's raw ``[N]`` / ``[N, K]`` matrix (columns in
+        ``config.reward_keys`` order) *before* the group filter; ``advantages`` the final per-sample
+        advantages (``[N]``, or ``[N, T]`` with ``response_mask``) with 0 for dropped samples, or
+        None when they are not known yet. The default returns the statistics that do not depend on
+        the method (``diagnostics.reward_statistics``: ``reward/<key>/*``, ``multi_reward/*``,
+        ``advantage/*``). An override calls ``super()`` and adds keys under its own prefix (GDPO:
+        ``gdpo/<key>/adv_share``).
+        """
+        c = self.config
+        return diagnostics.reward_statistics(
+            rewards, group_ids, c.reward_keys, c.reward_weights, advantages, response_mask=response_mask
+        )
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r})"

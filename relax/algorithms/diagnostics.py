@@ -1,9 +1,15 @@
 """Multi-reward diagnostics of one training step, and their end-of-run summary.
 
-``reward_diagnostics`` reads the raw ``[N, K]`` reward matrix of one rollout (columns in
-``reward_keys`` order), the prompt-group ids, the reward weights and the final per-sample advantages,
-and returns a flat ``{metric name: float}`` dict for ``metrics.jsonl``. Everything is vectorized over
-groups (no Python loop over groups) and computed in float64.
+The functions below read the raw ``[N, K]`` reward matrix of one rollout (columns in
+``reward_keys`` order), the prompt-group ids, the reward weights and optionally the final
+per-sample advantages, and return a flat ``{metric name: float}`` dict for ``metrics.jsonl``.
+Group reductions are ``numerics.Groups`` scatters (no Python loop over groups), in float64.
+
+- ``reward_statistics``: what holds whatever method trains on the rewards (``reward/*``,
+  ``multi_reward/*``, ``advantage/*``); ``RLAlgorithm.reward_diagnostics`` logs it.
+- ``gdpo_advantage_shares``: ``gdpo/<key>/adv_share`` at a given ``std_eps``; GDPO's
+  ``reward_diagnostics`` adds it with the epsilon it trains with.
+- ``reward_diagnostics``: both at once, for scripts that inspect rewards without an algorithm.
 
 Definitions (``g`` a prompt group, ``k`` a component, ``w_k`` its weight, ``r_ik`` the raw reward):
 
@@ -23,14 +29,15 @@ Definitions (``g`` a prompt group, ``k`` a component, ``w_k`` its weight, ``r_ik
 - ``multi_reward/collapse_rate``: fraction of groups with at least two distinct reward tuples whose
   weighted sums ``s_i = sum_k w_k r_ik`` are nevertheless all equal — so GRPO (which normalizes
   ``s``) gets no signal from them — while GDPO's combination ``sum_k w_k z_ik`` still varies. This is
-  the signal GRPO throws away and GDPO keeps.
+  the signal GRPO throws away and GDPO keeps, whichever of the two is training.
 - ``multi_reward/gdpo_cancel_rate``: fraction of groups with at least two distinct reward tuples in
   which GDPO's combination ``sum_k w_k z_ik`` is constant too (components that cancel exactly after
   per-component normalization and weighting, e.g. two equal-weight 0/1 components that always sum to
   1). Neither method learns from these; they are *not* counted in ``collapse_rate``, so the two
-  numbers never overstate GDPO. This test uses the z-scores *without* ``std_eps``: the epsilon makes
-  components of different scales cancel only up to a residue of order ``std_eps / std`` (e.g.
-  rewards {2, 0} and {0, 1} give ±0.70706 and ∓0.70700), which is not a usable signal.
+  numbers never overstate GDPO. This test uses the z-scores *without* ``std_eps`` (so it does not
+  depend on the method's epsilon): the epsilon makes components of different scales cancel only up
+  to a residue of order ``std_eps / std`` (e.g. rewards {2, 0} and {0, 1} give ±0.70706 and
+  ∓0.70700), which is not a usable signal.
 - ``advantage/mean``, ``advantage/std`` (ddof 0), ``advantage/zero_frac`` (fraction of samples whose
   final advantage is exactly 0), from the advantages the step actually trained on.
 
@@ -54,7 +61,8 @@ from collections.abc import Iterable, Mapping, Sequence
 import attrs
 import torch
 
-DEFAULT_STD_EPS = 1e-4
+from relax.algorithms import numerics
+
 DEFAULT_RTOL = 1e-6
 SUMMARY_PREFIXES = ("reward/", "gdpo/", "multi_reward/", "advantage/")
 
@@ -75,17 +83,16 @@ def _check_inputs(rewards, group_ids, reward_keys, reward_weights, advantages, r
         raise ValueError(f"reward_weights has {len(weights)} value(s) but there are {k} reward keys {keys}")
     if not all(math.isfinite(w) for w in weights):
         raise ValueError(f"reward_weights must be finite, got {weights}")
-    if group_ids.shape != (n,):
-        raise ValueError(f"group_ids must be [N] with N={n}, got shape {tuple(group_ids.shape)}")
+    groups = numerics.Groups(numerics.check_group_ids(group_ids, n))
     if n == 0:
         raise ValueError("reward_diagnostics needs at least one sample, got an empty batch")
     r = rewards.detach().to(torch.float64)
-    bad = ~torch.isfinite(r)
-    if bad.any():
-        i, j = (int(x) for x in bad.nonzero()[0])
+    bad = numerics.first_non_finite(r)
+    if bad is not None:
+        i, j = bad
         raise ValueError(f"reward {keys[j]!r} of sample {i} is {r[i, j].item()!r}, which is not finite")
     if advantages is None:
-        return r, keys, torch.tensor(weights, dtype=torch.float64), None
+        return r, groups, keys, torch.tensor(weights, dtype=torch.float64), None
     adv = advantages.detach().to(torch.float64)
     if adv.dim() == 2:
         if response_mask is None or response_mask.shape != adv.shape:
@@ -97,50 +104,37 @@ def _check_inputs(rewards, group_ids, reward_keys, reward_weights, advantages, r
         adv = (adv * mask).sum(1) / mask.sum(1).clamp_min(1.0)
     if adv.shape != (n,):
         raise ValueError(f"advantages must be [N] or [N, T] with N={n}, got shape {tuple(advantages.shape)}")
-    return r, keys, torch.tensor(weights, dtype=torch.float64), adv
+    return r, groups, keys, torch.tensor(weights, dtype=torch.float64), adv
 
 
-def _group_reduce(values: torch.Tensor, index: torch.Tensor, num_groups: int, op: str) -> torch.Tensor:
-    """Reduce the rows of ``values`` ([N] or [N, K]) per group with ``op`` (sum | amax | amin)."""
-    shape = (num_groups,) + tuple(values.shape[1:])
-    idx = index.view(-1, *([1] * (values.dim() - 1))).expand_as(values)
-    out = torch.zeros(shape, dtype=values.dtype)
-    return out.scatter_reduce(0, idx, values, reduce=op, include_self=False)
+def _gdpo_terms(r: torch.Tensor, groups: numerics.Groups, weights: torch.Tensor, std_eps: float):
+    """``w_k * z_ik`` [N, K]: GDPO's step 1, weighted; exactly 0 where the column is constant in the
+    group (also with ``std_eps`` 0, where the formula would give 0/0, and for groups of one).
+
+    The plain formula (``group_standardize_unshifted``), not the first-member shift GDPO trains with:
+    they differ only by rounding, and the plain one keeps the logged numbers bit-identical to those
+    of earlier runs."""
+    z = numerics.group_standardize_unshifted(r, groups, std_eps)
+    return torch.where(groups.is_constant(r), 0.0, z) * weights
 
 
-def gdpo_component_terms(
-    rewards: torch.Tensor, group_index: torch.Tensor, num_groups: int, weights: torch.Tensor, std_eps: float
-) -> torch.Tensor:
-    """``w_k * z_ik`` [N, K] in float64: GDPO's per-group, per-component normalization, weighted.
-
-    ``group_index`` holds ids 0..num_groups-1. A component that is constant in a group contributes
-    exactly 0 there (also covers groups of one sample).
-    """
-    count = _group_reduce(torch.ones_like(rewards[:, 0]), group_index, num_groups, "sum")
-    mean = _group_reduce(rewards, group_index, num_groups, "sum") / count[:, None]
-    centered = rewards - mean[group_index]
-    sq = _group_reduce(centered * centered, group_index, num_groups, "sum")
-    std = (sq / (count[:, None] - 1).clamp_min(1.0)).sqrt()
-    constant = _group_reduce(rewards, group_index, num_groups, "amax") == _group_reduce(
-        rewards, group_index, num_groups, "amin"
-    )
-    z = centered / (std[group_index] + std_eps)
-    z = torch.where(constant[group_index], torch.zeros_like(z), z)
-    return z * weights
+def _spread(groups: numerics.Groups, values: torch.Tensor, used: torch.Tensor) -> torch.Tensor:
+    """Per used group row: max - min of ``values``."""
+    return (groups.max(values) - groups.min(values))[used]
 
 
-def reward_diagnostics(
+def reward_statistics(
     rewards: torch.Tensor,
     group_ids: torch.Tensor,
     reward_keys: Sequence[str],
     reward_weights: Sequence[float] | None,
-    advantages: torch.Tensor | None,
+    advantages: torch.Tensor | None = None,
     *,
     response_mask: torch.Tensor | None = None,
-    std_eps: float = DEFAULT_STD_EPS,
     rtol: float = DEFAULT_RTOL,
 ) -> dict[str, float]:
-    """The diagnostics of one step (definitions in the module docstring).
+    """``reward/*``, ``multi_reward/*`` and ``advantage/*`` of one step (definitions in the module
+    docstring); none of them depends on the training method.
 
     Args:
         rewards: raw rewards ``[N, K]`` (or ``[N]`` for one component), columns in ``reward_keys`` order.
@@ -152,14 +146,13 @@ def reward_diagnostics(
             Call it on the whole rollout *before* the group filter drops groups without signal
             (otherwise the dropped groups, which are what ``gdpo_cancel_rate`` counts, are missing)
             and give dropped samples advantage 0, or pass ``None``.
-        std_eps: the epsilon added to the group std in GDPO's per-component normalization.
         rtol: relative tolerance of "all equal" (see the module docstring).
     """
-    r, keys, w, adv = _check_inputs(rewards, group_ids, reward_keys, reward_weights, advantages, response_mask)
-    _, group_index = torch.unique(group_ids, return_inverse=True)
-    num_groups = int(group_index.max()) + 1
-    gmax = _group_reduce(r, group_index, num_groups, "amax")
-    gmin = _group_reduce(r, group_index, num_groups, "amin")
+    r, groups, keys, w, adv = _check_inputs(
+        rewards, group_ids, reward_keys, reward_weights, advantages, response_mask
+    )
+    used = groups.counts > 0  # Groups may index by the raw ids: rows of absent ids are empty
+    gmax, gmin = groups.max(r)[used], groups.min(r)[used]
     constant = gmax == gmin  # [G, K]
 
     out: dict[str, float] = {}
@@ -172,32 +165,15 @@ def reward_diagnostics(
         out[f"reward/{key}/zero_std_frac"] = float(zero_std[j])
 
     if len(keys) >= 2:
-        terms = gdpo_component_terms(r, group_index, num_groups, w, std_eps)  # [N, K]
-        abs_mean = terms.abs().mean(0)
-        total = abs_mean.sum()
-        if total > 0:
-            for j, key in enumerate(keys):
-                out[f"gdpo/{key}/adv_share"] = float(abs_mean[j] / total)
-
         varied = ~constant.all(1)  # [G]: at least two distinct reward tuples
-        weighted_sum = r @ w
-        sum_spread = _group_reduce(weighted_sum, group_index, num_groups, "amax") - _group_reduce(
-            weighted_sum, group_index, num_groups, "amin"
-        )
         sum_scale = torch.maximum(gmax.abs(), gmin.abs()) @ w.abs()
-        sum_flat = sum_spread <= rtol * sum_scale
-
+        sum_flat = _spread(groups, r @ w, used) <= rtol * sum_scale
         # Cancellation is judged on eps-free z-scores: with the std epsilon, two components of
         # different scales that cancel in exact z-score terms leave a residue of order
         # std_eps / std, which batch whitening would turn into noise, not signal.
-        scale_free = gdpo_component_terms(r, group_index, num_groups, w, 0.0)
-        combined = scale_free.sum(1)
-        gdpo_spread = _group_reduce(combined, group_index, num_groups, "amax") - _group_reduce(
-            combined, group_index, num_groups, "amin"
-        )
-        z_max = _group_reduce(scale_free.abs(), group_index, num_groups, "amax")  # |w_k| * max_i |z_ik|
-        gdpo_flat = gdpo_spread <= rtol * z_max.sum(1)
-
+        scale_free = _gdpo_terms(r, groups, w, 0.0)
+        z_max = groups.max(scale_free.abs())[used]  # |w_k| * max_i |z_ik|
+        gdpo_flat = _spread(groups, scale_free.sum(1), used) <= rtol * z_max.sum(1)
         out["multi_reward/varied_group_frac"] = float(varied.to(torch.float64).mean())
         out["multi_reward/collapse_rate"] = float((varied & sum_flat & ~gdpo_flat).to(torch.float64).mean())
         out["multi_reward/gdpo_cancel_rate"] = float((varied & gdpo_flat).to(torch.float64).mean())
@@ -206,6 +182,49 @@ def reward_diagnostics(
         out["advantage/mean"] = float(adv.mean())
         out["advantage/std"] = float(adv.std(correction=0))
         out["advantage/zero_frac"] = float((adv == 0).to(torch.float64).mean())
+    return out
+
+
+def gdpo_advantage_shares(
+    rewards: torch.Tensor,
+    group_ids: torch.Tensor,
+    reward_keys: Sequence[str],
+    reward_weights: Sequence[float] | None,
+    *,
+    std_eps: float = numerics.GDPO_EPS,
+) -> dict[str, float]:
+    """``gdpo/<key>/adv_share`` of one step with GDPO's step-1 epsilon ``std_eps`` (arguments as in
+    ``reward_statistics``). Empty for one component, or when nothing varies in any group."""
+    r, groups, keys, w, _ = _check_inputs(rewards, group_ids, reward_keys, reward_weights, None, None)
+    if len(keys) < 2:
+        return {}
+    abs_mean = _gdpo_terms(r, groups, w, std_eps).abs().mean(0)
+    total = abs_mean.sum()
+    if not total > 0:
+        return {}
+    return {f"gdpo/{key}/adv_share": float(abs_mean[j] / total) for j, key in enumerate(keys)}
+
+
+def reward_diagnostics(
+    rewards: torch.Tensor,
+    group_ids: torch.Tensor,
+    reward_keys: Sequence[str],
+    reward_weights: Sequence[float] | None,
+    advantages: torch.Tensor | None,
+    *,
+    response_mask: torch.Tensor | None = None,
+    std_eps: float = numerics.GDPO_EPS,
+    rtol: float = DEFAULT_RTOL,
+) -> dict[str, float]:
+    """``reward_statistics`` and ``gdpo_advantage_shares`` together: every diagnostic of one step.
+
+    The training loops log ``RLAlgorithm.reward_diagnostics`` instead (the shares only for GDPO);
+    this is for scripts that compare what the methods would see on the same rewards.
+    """
+    out = reward_statistics(
+        rewards, group_ids, reward_keys, reward_weights, advantages, response_mask=response_mask, rtol=rtol
+    )
+    out.update(gdpo_advantage_shares(rewards, group_ids, reward_keys, reward_weights, std_eps=std_eps))
     return out
 
 

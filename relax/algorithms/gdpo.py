@@ -9,8 +9,9 @@ the weighted sum, then whitens those per-sample values once more over the batch:
 3. A_i = (a_i - mean) / (std + eps)               over each optimizer mini-batch, across the
    data-parallel group, then broadcast to the response tokens (``compute_advantages``).
 
-Frameworks that ship GDPO differ silently in each of these choices (``notes/peers.md`` §9). Here
-each one is a flag, and the defaults are this project's recommended semantics:
+Frameworks that ship GDPO differ silently in each of these choices (the "Known deviations" table
+of docs/en/gdpo.md lists who does what). Here each one is a flag, and the defaults are this
+project's recommended semantics:
 
 - ``--gdpo-baseline`` mean | leave_one_out (default mean). ``mean``: b = the group mean, as in the
   paper and both NVlabs references. ``leave_one_out``: b_i = mean of the *other* samples of the group
@@ -52,8 +53,9 @@ arithmetic in the reference's order of operations:
   here a NaN is rejected with an error naming the sample and key (nothing is silently replaced), so
   the sum is a plain sum. The reference takes this branch only with more than one reward, and views
   the batch as equal groups of G: the preset requires two or more reward keys and equal group sizes.
-- ``nvlabs-verl`` (NVlabs ``verl-GDPO``, ``adv_estimator=gdpo``): exactly two rewards, summed without
-  weights. Assumptions (``notes/peers.md`` gives the steps, not every line): each reward goes through
+- ``nvlabs-verl`` (NVlabs ``verl-GDPO``, ``adv_estimator=gdpo``): exactly two rewards (the fork
+  hard-codes them), summed without weights. The per-reward step is inferred from the verl release
+  the fork is based on, not copied line by line: each reward goes through
   verl's GRPO outcome advantage of that era - per group (members in batch order) float32
   ``(r - mean) / (std + 1e-6)`` with ``torch.std`` (unbiased), a group of one getting mean 0, std 1;
   the two results are added per token; then verl's ``masked_whiten`` over the valid tokens of the
@@ -72,9 +74,9 @@ from __future__ import annotations
 import attrs
 import torch
 
-from relax.algorithms import numerics as N
+from relax.algorithms import diagnostics, numerics
 from relax.algorithms.config import AlgorithmConfig
-from relax.algorithms.grpo import GRPO
+from relax.algorithms.grpo import GRPO, LOSS_TERM_HYPERPARAMETERS, PPO_CLIP_HYPERPARAMETERS
 from relax.algorithms.types import AdvantageInputs
 
 _AXES = ("gdpo_baseline", "gdpo_std_eps", "gdpo_whiten_unit", "gdpo_whiten_scope", "gdpo_constant_component")
@@ -108,9 +110,9 @@ class GDPO(GRPO):
     forbids_reward_side_kl = True
     allows_reward_post_process_hooks = False
     supports_async = False  # step 3 needs whole mini-batches (and the data-parallel group)
-    hyperparameters = ("n_samples_per_prompt", "reward_keys", "reward_weights", "gdpo_preset") + _AXES + (
-        "eps_clip", "eps_clip_high", "eps_clip_c", "use_kl_loss", "kl_loss_coef", "kl_loss_type",
-        "entropy_coef", "loss_aggregation",
+    hyperparameters = (
+        ("n_samples_per_prompt", "reward_keys", "reward_weights", "gdpo_preset")
+        + _AXES + PPO_CLIP_HYPERPARAMETERS + LOSS_TERM_HYPERPARAMETERS
     )
 
     def __init__(self, config: AlgorithmConfig | None = None):
@@ -125,22 +127,22 @@ class GDPO(GRPO):
         float64 on the recommended path; float32 in the reference's arithmetic under a preset.
         """
         v = self.variant
-        r = N.reward_matrix(rewards, self.config.reward_keys)  # rejects NaN/inf, naming sample and key
-        ids = N.check_group_ids(group_ids, r.shape[0])
+        r = numerics.reward_matrix(rewards, self.config.reward_keys)  # rejects NaN/inf, naming sample and key
+        ids = numerics.check_group_ids(group_ids, r.shape[0])
         if v.preset == "nvlabs-trl":
             combined = _trl_decoupled(r.to(torch.float32), ids, self.config.reward_weights, v.std_eps)
         elif v.preset == "nvlabs-verl":
             combined = _verl_decoupled(r.to(torch.float32), ids, v.std_eps)
         else:
-            groups = N.Groups(ids)
+            groups = numerics.Groups(ids)
             if v.constant_component == "zero":
-                z = N.group_standardize(r, groups, v.std_eps)  # a constant column gives exact zeros
+                z = numerics.group_standardize(r, groups, v.std_eps)  # a constant column gives exact zeros
             else:
-                z = N.group_standardize_unshifted(r, groups, v.std_eps)
+                z = numerics.group_standardize_unshifted(r, groups, v.std_eps)
             if v.baseline == "leave_one_out":
-                z = z * N.leave_one_out_factor(groups)[:, None]
-            combined = N.weighted_sum(z, self.config.reward_weights)
-        where = N.first_non_finite(combined)
+                z = z * numerics.leave_one_out_factor(groups)[:, None]
+            combined = numerics.weighted_sum(z, self.config.reward_weights)
+        where = numerics.first_non_finite(combined)
         if where is not None:
             raise ValueError(
                 f"GDPO produced a non-finite combined advantage for sample {where[0]} "
@@ -158,7 +160,18 @@ class GDPO(GRPO):
         constant; exact cancellation of the normalized components (or a zero weight) drops it.
         """
         combined = self.decoupled_rewards(rewards, group_ids).to(torch.float32)
-        return N.group_has_spread(combined, N.check_group_ids(group_ids, combined.shape[0]))
+        return numerics.group_has_spread(combined, numerics.check_group_ids(group_ids, combined.shape[0]))
+
+    def reward_diagnostics(self, rewards, group_ids, advantages=None, *, response_mask=None):
+        """The base metrics plus ``gdpo/<key>/adv_share``, at the std_eps this configuration trains with."""
+        out = super().reward_diagnostics(rewards, group_ids, advantages, response_mask=response_mask)
+        c = self.config
+        out.update(
+            diagnostics.gdpo_advantage_shares(
+                rewards, group_ids, c.reward_keys, c.reward_weights, std_eps=self.variant.std_eps
+            )
+        )
+        return out
 
     # ---- step 3 (advantage stage) ----
 
@@ -171,13 +184,15 @@ class GDPO(GRPO):
         segments = inputs.segment_sizes if v.whiten_scope == "minibatch" else None
         what = "GDPO batch whitening"
         if v.whiten_unit == "sample":
-            whitened = N.whiten_segments(inputs.rewards, segments, process_group, eps=v.std_eps, what=what)
+            whitened = numerics.whiten_segments(
+                inputs.rewards, segments, process_group, eps=v.std_eps, what=what
+            )
         else:
             tokens = inputs.response_mask.to(torch.bool).sum(dim=1)
-            whitened = N.whiten_segments_weighted(
+            whitened = numerics.whiten_segments_weighted(
                 inputs.rewards, tokens, segments, process_group, eps=v.std_eps, what=what
             )
-        advantages = N.broadcast_to_tokens(whitened, inputs.response_mask)
+        advantages = numerics.broadcast_to_tokens(whitened, inputs.response_mask)
         return advantages, advantages.clone()
 
     def _preset_whiten(self, inputs: AdvantageInputs, process_group) -> torch.Tensor:
@@ -185,20 +200,20 @@ class GDPO(GRPO):
         what = f"GDPO batch whitening (--gdpo-preset {self.variant.preset})"
         rewards = inputs.rewards.to(torch.float32)
         mask = inputs.response_mask.to(torch.bool)
-        bad = N.first_non_finite(rewards)
+        bad = numerics.first_non_finite(rewards)
         error = None if bad is None else (
             f"{what} received a non-finite value {rewards[bad].item()!r} at sample {bad[0]} (on this rank)"
         )
         n, t = mask.shape
-        values, offset = N.all_gather_rows(rewards, process_group, error=error, what=what)
+        values, offset = numerics.all_gather_rows(rewards, process_group, error=error, what=what)
         if self.variant.preset == "nvlabs-trl":
             if values.shape[0] < 2:
                 raise ValueError(
                     f"{what}: the batch holds {values.shape[0]} sample(s); its std needs at least 2"
                 )
             out = (values - values.mean()) / (values.std() + self.variant.std_eps)
-            return N.broadcast_to_tokens(out[offset:offset + n], mask)
-        token_mask, _ = N.all_gather_rows(mask.to(torch.float32), process_group, what=what)
+            return numerics.broadcast_to_tokens(out[offset:offset + n], mask)
+        token_mask, _ = numerics.all_gather_rows(mask.to(torch.float32), process_group, what=what)
         whitened = _verl_masked_whiten(values[:, None] * token_mask, token_mask, what)
         mine = whitened[offset:offset + n, :t]
         return torch.where(mask, mine, torch.zeros((), dtype=torch.float32))
@@ -210,7 +225,7 @@ class GDPO(GRPO):
 def _batch_order(ids: torch.Tensor) -> tuple[torch.Tensor, int]:
     """A permutation laying the batch out group after group (groups by first appearance, members in
     batch order) and the common group size; unequal group sizes -> ``ValueError``."""
-    groups = N.Groups(ids)
+    groups = numerics.Groups(ids)
     n = ids.shape[0]
     sizes = groups.counts[groups.counts > 0]
     if n and int(sizes.min()) != int(sizes.max()):

@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import torch
 
-from relax.algorithms import numerics as N
+from relax.algorithms import numerics
 from relax.algorithms.base import RLAlgorithm
 from relax.algorithms.types import AdvantageInputs, PolicyLossInputs, PolicyLossOutput
 
-_POLICY_LOSS_PARAMS = (
-    "eps_clip", "eps_clip_high", "eps_clip_c", "use_kl_loss", "kl_loss_coef", "kl_loss_type", "entropy_coef",
-    "loss_aggregation",
+# The AlgorithmConfig fields of GRPO's policy stage, named once for the ``hyperparameters`` of every
+# method that keeps that stage: the PPO clip of ``surrogate``, and the terms ``policy_loss`` adds to
+# any surrogate (KL loss, entropy bonus, aggregation). A method with its own clip lists only what it
+# still reads.
+PPO_CLIP_HYPERPARAMETERS = ("eps_clip", "eps_clip_high", "eps_clip_c")
+LOSS_TERM_HYPERPARAMETERS = (
+    "use_kl_loss", "kl_loss_coef", "kl_loss_type", "entropy_coef", "loss_aggregation",
 )
 
 
@@ -28,18 +32,21 @@ class GRPO(RLAlgorithm):
     group_relative = True
     hyperparameters = (
         "n_samples_per_prompt", "reward_keys", "reward_weights", "grpo_std_normalization", "normalize_advantages",
-    ) + _POLICY_LOSS_PARAMS
+    ) + PPO_CLIP_HYPERPARAMETERS + LOSS_TERM_HYPERPARAMETERS
 
     # ---- reward stage ----
 
     def combined_rewards(self, rewards: torch.Tensor) -> torch.Tensor:
         """``[N]``/``[N, K]`` -> float64 ``[N]``: the ``reward_weights``-weighted sum of the components."""
-        return N.weighted_sum(N.reward_matrix(rewards, self.config.reward_keys), self.config.reward_weights)
+        c = self.config
+        return numerics.weighted_sum(numerics.reward_matrix(rewards, c.reward_keys), c.reward_weights)
 
     def normalize_rewards(self, rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
         r = self.combined_rewards(rewards)
-        groups = N.Groups(N.check_group_ids(group_ids, r.shape[0]))
-        out = N.group_standardize(r, groups, N.GRPO_STD_EPS, divide_by_std=self.config.grpo_std_normalization)
+        groups = numerics.Groups(numerics.check_group_ids(group_ids, r.shape[0]))
+        out = numerics.group_standardize(
+            r, groups, numerics.GRPO_STD_EPS, divide_by_std=self.config.grpo_std_normalization
+        )
         return out.to(torch.float32)
 
     def group_has_signal(self, rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
@@ -47,7 +54,7 @@ class GRPO(RLAlgorithm):
         if not self.group_relative:
             return super().group_has_signal(rewards, group_ids)
         r = self.combined_rewards(rewards)
-        return N.group_has_spread(r, N.check_group_ids(group_ids, r.shape[0]))
+        return numerics.group_has_spread(r, numerics.check_group_ids(group_ids, r.shape[0]))
 
     # ---- advantage stage ----
 
@@ -63,11 +70,11 @@ class GRPO(RLAlgorithm):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Every valid token gets its sample's normalized reward; optional token-level whitening."""
         self.check_normalize_advantages_flag()
-        N.check_finite(inputs.rewards, None, process_group, what=f"{self.name} advantages")
-        returns = N.broadcast_to_tokens(inputs.rewards, inputs.response_mask)
+        numerics.check_finite(inputs.rewards, None, process_group, what=f"{self.name} advantages")
+        returns = numerics.broadcast_to_tokens(inputs.rewards, inputs.response_mask)
         advantages = returns
         if self.config.normalize_advantages:
-            advantages = N.masked_whiten(returns, inputs.response_mask, process_group)
+            advantages = numerics.masked_whiten(returns, inputs.response_mask, process_group)
         return advantages, returns
 
     # ---- policy stage ----
@@ -81,18 +88,18 @@ class GRPO(RLAlgorithm):
 
         The scalar metrics are this batch's own statistics; ``policy_loss`` turns them into shares."""
         c = self.config
-        loss, flags = N.ppo_clip_loss(log_ratio, advantages, c.eps_clip, c.eps_clip_high, c.eps_clip_c)
+        loss, flags = numerics.ppo_clip_loss(log_ratio, advantages, c.eps_clip, c.eps_clip_high, c.eps_clip_c)
         return loss, flags, {}
 
     def policy_loss(self, inputs: PolicyLossInputs) -> PolicyLossOutput:
         c = self.config
         mask = inputs.response_mask.to(torch.bool)
-        logp, old, adv, ref, entropy = N.masked_inputs(
+        logp, old, adv, ref, entropy = numerics.masked_inputs(
             mask, inputs.log_probs, inputs.old_log_probs, inputs.advantages, inputs.ref_log_probs, inputs.entropy
         )
 
         def agg(x):
-            return N.aggregate(x, mask, c.loss_aggregation, global_num_tokens=inputs.global_num_tokens,
+            return numerics.aggregate(x, mask, c.loss_aggregation, global_num_tokens=inputs.global_num_tokens,
                                global_num_sequences=inputs.global_num_sequences)
 
         log_ratio = self.log_ratio(logp, old.detach(), mask)
@@ -126,7 +133,7 @@ class GRPO(RLAlgorithm):
                 "None; run the reference model (--ref-load) or remove --use-kl-loss"
             )
         if c.use_kl_loss and ref is not None:  # with kl_loss_coef 0 the term is only reported
-            kl_loss = agg(N.kl_estimate(logp, ref.detach(), c.kl_loss_type))
+            kl_loss = agg(numerics.kl_estimate(logp, ref.detach(), c.kl_loss_type))
             metrics["kl_loss"] = kl_loss.detach()
             loss = loss + c.kl_loss_coef * kl_loss
         return PolicyLossOutput(loss=loss, metrics=metrics)

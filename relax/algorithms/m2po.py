@@ -16,8 +16,8 @@ import math
 
 import torch
 
-from relax.algorithms import numerics as N
-from relax.algorithms.grpo import GRPO
+from relax.algorithms import numerics
+from relax.algorithms.grpo import GRPO, LOSS_TERM_HYPERPARAMETERS
 
 M2PO_TINY = 1e-12  # tolerance of the harmful-set test and of the budget comparison
 M2PO_NO_CLIP = 1e5  # threshold / eps_high when the trust region is inactive
@@ -50,14 +50,15 @@ class M2PO(GRPO):
     name = "m2po"
     paper = "Second-Moment Trust Policy Optimization (arXiv:2510.01161)"
     group_relative = False
+    # The trust region replaces eps_clip / eps_clip_high; the dual clip still applies.
     hyperparameters = (
-        "reward_keys", "reward_weights", "normalize_advantages", "m2po_kl2_budget", "m2po_miniclip_low", "m2po_miniclip_high",
-        "eps_clip_c", "use_kl_loss", "kl_loss_coef", "kl_loss_type", "entropy_coef", "loss_aggregation",
-    )
+        "reward_keys", "reward_weights", "normalize_advantages", "m2po_kl2_budget", "m2po_miniclip_low",
+        "m2po_miniclip_high", "eps_clip_c",
+    ) + LOSS_TERM_HYPERPARAMETERS
 
     def normalize_rewards(self, rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
         r = self.combined_rewards(rewards)
-        N.check_group_ids(group_ids, r.shape[0])
+        numerics.check_group_ids(group_ids, r.shape[0])
         return r.to(torch.float32)
 
     def surrogate(self, log_probs, log_ratio, advantages, mask):
@@ -74,7 +75,7 @@ class M2PO(GRPO):
         else:
             eps_low = max(-math.expm1(-tau), c.m2po_miniclip_low)
             eps_high = min(max(math.expm1(tau), c.m2po_miniclip_high), M2PO_NO_CLIP)
-        loss, flags = N.ppo_clip_loss(log_ratio, advantages, eps_low, eps_high, c.eps_clip_c)
+        loss, flags = numerics.ppo_clip_loss(log_ratio, advantages, eps_low, eps_high, c.eps_clip_c)
         scalar = {
             "m2_before": m2_before, "m2_after": m2_after, "eps_low": eps_low, "eps_high": eps_high,
         }

@@ -208,23 +208,6 @@ class Groups:
         return self.broadcast(torch.zeros_like(rep, dtype=torch.int32).index_add_(0, self.index, differs)) == 0
 
 
-def group_mean(values: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
-    """Per sample: the mean of its group (float64 for float input)."""
-    g = Groups(group_ids)
-    return g.broadcast(g.mean(values))
-
-
-def group_std(values: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
-    """Per sample: the unbiased (two-pass) std of its group; 0 for a group of one."""
-    g = Groups(group_ids)
-    return g.broadcast(g.std(values))
-
-
-def group_sizes(group_ids: torch.Tensor) -> torch.Tensor:
-    """Per sample: the number of samples sharing its group id."""
-    return Groups(group_ids).sizes
-
-
 def group_standardize(
     values: torch.Tensor,
     group_ids: torch.Tensor | Groups,
@@ -368,31 +351,6 @@ def check_finite(values: torch.Tensor, mask: torch.Tensor | None = None, process
     raise_on_all_ranks(message, process_group, f"a non-finite value for {what}", device=values.device)
 
 
-def mean_std(
-    values: torch.Tensor,
-    mask: torch.Tensor | None = None,
-    process_group=None,
-    *,
-    unbiased: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Two-pass float64 ``(mean, std, count)`` over the valid entries of ``values``, across the group.
-
-    Two collectives when ``process_group`` is given: SUM of [count, sum], then SUM of the squared
-    deviations. count 0 -> (0, 0, 0). Unbiased std divides by max(count - 1, 1).
-    """
-    x = values.to(torch.float64)
-    valid = torch.ones_like(x, dtype=torch.bool) if mask is None else mask
-    zero = torch.zeros((), dtype=torch.float64, device=x.device)
-    first = torch.stack([valid.sum().to(torch.float64), torch.where(valid, x, zero).sum()])
-    _all_reduce(first, dist.ReduceOp.SUM, process_group)
-    count, total = first[0], first[1]
-    mean = total / count.clamp(min=1)
-    ss = torch.where(valid, (x - mean) ** 2, zero).sum()
-    _all_reduce(ss, dist.ReduceOp.SUM, process_group)
-    denom = (count - 1).clamp(min=1) if unbiased else count.clamp(min=1)
-    return mean, (ss / denom).clamp(min=0).sqrt(), count
-
-
 def _check_segments(segment_sizes, n: int) -> tuple[tuple[int, ...], str | None]:
     if segment_sizes is None:
         return (n,), None
@@ -428,23 +386,8 @@ def whiten_segments(
     n, device = values.shape[0], values.device
     sizes, error = _check_segments(segment_sizes, n)
     error = error or _non_finite_message(values, None, what)
-    if process_group is None and error:
-        raise ValueError(error)
-    if process_group is not None:
-        # Agreement: MAX of [-S, S, bad] (a failed rank contributes 0 segments, neutral for MAX).
-        s_local = 0 if error else len(sizes)
-        agree = torch.tensor([-s_local, s_local, 1 if error else 0], dtype=torch.int64, device=device)
-        _all_reduce(agree, dist.ReduceOp.MAX, process_group)
-        if int(agree[2]):
-            raise ValueError(error or f"another rank in the process group reported malformed segment_sizes or "
-                             f"a non-finite value for {what}; see its error message")
-        low, high = -int(agree[0]), int(agree[1])
-        if low != high:
-            raise ValueError(
-                f"segment_sizes describes {len(sizes)} segment(s) on this rank, but ranks in the process group "
-                f"report between {low} and {high}; every rank must split its shard into the same number of "
-                "mini-batches"
-            )
+    _agree_on_segments(sizes, error, process_group, device,
+                       problems=f"malformed segment_sizes or a non-finite value for {what}")
     segments = _Segments(sizes, device)
     x = segments.shape(values.to(torch.float64))
     count = torch.tensor(sizes, dtype=torch.float64, device=device)
@@ -455,24 +398,15 @@ def whiten_segments(
     ss = segments.sum(dev * dev)
     _all_reduce(ss, dist.ReduceOp.SUM, process_group)
     std = (ss / (count - 1).clamp(min=1)).sqrt_()
-    # Exact collapse test (global min == max) without two scatter reductions: a segment is collapsed
-    # iff on every rank all its values equal that rank's first value, and those first values agree
-    # across ranks. One MAX all-reduce of [-first, first, any_differs]; empty shards give -inf.
+    # Representative = the segment's first sample on this rank (none on an empty shard).
     starts = torch.tensor((0,) + tuple(itertools.accumulate(sizes))[:-1], dtype=torch.int64, device=device)
     flat = x.reshape(-1)
     rep = flat.index_select(0, starts.clamp(max=n - 1)) if n else torch.zeros(len(sizes), **_f64(device))
     differs = segments.any(x != segments.spread(rep))
-    if process_group is None:
-        collapsed = (count == 0) | ~differs  # alone: no other rank's representatives to compare
-    else:
-        nonempty = torch.tensor([s > 0 for s in sizes], dtype=torch.bool, device=device)
-        minus_inf = torch.full_like(rep, float("-inf"))
-        ext = torch.stack([torch.where(nonempty, -rep, minus_inf), torch.where(nonempty, rep, minus_inf),
-                           differs.to(torch.float64)], dim=1)
-        _all_reduce(ext, dist.ReduceOp.MAX, process_group)
-        collapsed = (count == 0) | ((ext[:, 2] == 0) & (-ext[:, 0] == ext[:, 1]))
-    out = dev.div_(segments.spread(std.add_(eps))).masked_fill_(segments.spread(collapsed), 0.0)
-    return out.reshape(-1).to(values.dtype if values.is_floating_point() else torch.float32)
+    # Only compared across ranks: without a process group the bookkeeping is skipped.
+    has_rep = None if process_group is None else torch.tensor([s > 0 for s in sizes], device=device)
+    collapsed = _segments_collapsed(rep, has_rep, differs, count == 0, process_group)
+    return _scale(dev, std, eps, collapsed, segments, values)
 
 
 def whiten_segments_weighted(
@@ -503,18 +437,8 @@ def whiten_segments_weighted(
     error = error or _non_finite_message(values, None, what)
     if error is None and n and not bool((torch.isfinite(w) & (w >= 0)).all()):
         error = f"{what}: weights must be finite and >= 0"
-    s_local = 0 if error else len(sizes)
-    agree = torch.tensor([-s_local, s_local, 1 if error else 0], dtype=torch.int64, device=device)
-    _all_reduce(agree, dist.ReduceOp.MAX, process_group)
-    if int(agree[2]):
-        raise ValueError(error or "another rank in the process group reported malformed segment_sizes, "
-                         f"weights or a non-finite value for {what}; see its error message")
-    if -int(agree[0]) != int(agree[1]):
-        raise ValueError(
-            f"segment_sizes describes {len(sizes)} segment(s) on this rank, but ranks in the process group "
-            f"report between {-int(agree[0])} and {int(agree[1])}; every rank must split its shard into the "
-            "same number of mini-batches"
-        )
+    _agree_on_segments(sizes, error, process_group, device,
+                       problems=f"malformed segment_sizes, weights or a non-finite value for {what}")
     segments = _Segments(sizes, device)
     x, w = segments.shape(values.to(torch.float64)), segments.shape(w)
     first = torch.stack([segments.sum(w), segments.sum(w * x)], dim=1)
@@ -524,8 +448,8 @@ def whiten_segments_weighted(
     ss = segments.sum(w * dev * dev)
     _all_reduce(ss, dist.ReduceOp.SUM, process_group)
     std = (ss / (total - 1).clamp(min=1)).sqrt_()
-    # Collapse test over positive-weight samples only: representative = the first such sample of the
-    # segment on each rank (none -> -inf in the MAX all-reduce, as for an empty shard).
+    # Only positive-weight samples count for the collapse test: representative = the segment's first
+    # such sample on this rank.
     positive = w > 0
     big = torch.iinfo(torch.int64).max
     pos = torch.arange(n, device=device)
@@ -533,15 +457,59 @@ def whiten_segments_weighted(
     seg_index = torch.repeat_interleave(torch.arange(len(sizes), device=device),
                                         torch.tensor(sizes, dtype=torch.int64, device=device))
     first_pos.scatter_reduce_(0, seg_index, torch.where(positive.reshape(-1), pos, big), reduce="amin")
-    has_pos = first_pos < big
-    rep = x.reshape(-1).index_select(0, torch.where(has_pos, first_pos, 0)) if n else \
+    has_rep = first_pos < big
+    rep = x.reshape(-1).index_select(0, torch.where(has_rep, first_pos, 0)) if n else \
         torch.zeros(len(sizes), **_f64(device))
-    differs = segments.sum(((x != segments.spread(rep)) & positive).to(torch.float64)) > 0
+    differs = segments.any((x != segments.spread(rep)) & positive)
+    collapsed = _segments_collapsed(rep, has_rep, differs, total == 0, process_group)
+    return _scale(dev, std, eps, collapsed, segments, values)
+
+
+def _agree_on_segments(sizes, error: str | None, process_group, device, *, problems: str) -> None:
+    """Raise on every rank if any rank found ``error`` or the ranks split into different numbers of
+    segments. One MAX all-reduce of ``[-S, S, bad]``; a failed rank contributes 0 segments, neutral
+    for MAX. ``problems`` completes "another rank in the process group reported ..." on the others.
+    """
+    if process_group is None:
+        if error:
+            raise ValueError(error)
+        return
+    s_local = 0 if error else len(sizes)
+    agree = torch.tensor([-s_local, s_local, 1 if error else 0], dtype=torch.int64, device=device)
+    _all_reduce(agree, dist.ReduceOp.MAX, process_group)
+    if int(agree[2]):
+        raise ValueError(
+            error or f"another rank in the process group reported {problems}; see its error message"
+        )
+    low, high = -int(agree[0]), int(agree[1])
+    if low != high:
+        raise ValueError(
+            f"segment_sizes describes {len(sizes)} segment(s) on this rank, but ranks in the process group "
+            f"report between {low} and {high}; every rank must split its shard into the same number of "
+            "mini-batches"
+        )
+
+
+def _segments_collapsed(rep, has_rep, differs, empty, process_group) -> torch.Tensor:
+    """Per segment: are all its counted values exactly equal across the process group (or none)?
+
+    An exact global min == max test without two scatter reductions: a segment is collapsed iff on
+    every rank its values all equal that rank's representative ``rep`` (``differs`` false), and the
+    representatives agree across ranks. One MAX all-reduce of ``[-rep, rep, differs]``; a rank
+    without a representative (``has_rep`` false; only read with a process group) sends -inf.
+    ``empty``: no counted value anywhere.
+    """
+    if process_group is None:
+        return empty | ~differs  # alone: no other rank's representatives to compare
     minus_inf = torch.full_like(rep, float("-inf"))
-    ext = torch.stack([torch.where(has_pos, -rep, minus_inf), torch.where(has_pos, rep, minus_inf),
+    ext = torch.stack([torch.where(has_rep, -rep, minus_inf), torch.where(has_rep, rep, minus_inf),
                        differs.to(torch.float64)], dim=1)
     _all_reduce(ext, dist.ReduceOp.MAX, process_group)
-    collapsed = (total == 0) | ((ext[:, 2] == 0) & (-ext[:, 0] == ext[:, 1]))
+    return empty | ((ext[:, 2] == 0) & (-ext[:, 0] == ext[:, 1]))
+
+
+def _scale(dev, std, eps: float, collapsed, segments: _Segments, values: torch.Tensor) -> torch.Tensor:
+    """``dev / (std + eps)`` per segment, exact zeros in collapsed segments, flat in ``values``' dtype."""
     out = dev.div_(segments.spread(std.add_(eps))).masked_fill_(segments.spread(collapsed), 0.0)
     return out.reshape(-1).to(values.dtype if values.is_floating_point() else torch.float32)
 

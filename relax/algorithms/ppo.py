@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from relax.algorithms import numerics as N
-from relax.algorithms.grpo import GRPO
+from relax.algorithms import numerics
+from relax.algorithms.grpo import GRPO, LOSS_TERM_HYPERPARAMETERS, PPO_CLIP_HYPERPARAMETERS
 from relax.algorithms.types import AdvantageInputs
 
 
@@ -22,14 +22,12 @@ class PPO(GRPO):
     group_relative = False
     supports_async = False  # the critic trains in lock-step with the actor
     hyperparameters = (
-        "reward_keys", "reward_weights", "kl_coef", "gamma", "lam", "normalize_advantages", "eps_clip",
-        "eps_clip_high", "eps_clip_c", "use_kl_loss", "kl_loss_coef", "kl_loss_type", "entropy_coef",
-        "loss_aggregation",
-    )
+        "reward_keys", "reward_weights", "kl_coef", "gamma", "lam", "normalize_advantages",
+    ) + PPO_CLIP_HYPERPARAMETERS + LOSS_TERM_HYPERPARAMETERS
 
     def normalize_rewards(self, rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
         r = self.combined_rewards(rewards)
-        N.check_group_ids(group_ids, r.shape[0])
+        numerics.check_group_ids(group_ids, r.shape[0])
         return r.to(torch.float32)
 
     def compute_advantages(self, inputs: AdvantageInputs, process_group=None):
@@ -39,12 +37,12 @@ class PPO(GRPO):
                 "automatically for algorithms with needs_critic) and pass its per-token values."
             )
         mask = inputs.response_mask
-        N.check_finite(inputs.rewards, None, process_group, what="PPO advantages (rewards)")
-        N.check_finite(inputs.values, mask, process_group, what="PPO advantages (critic values)")
+        numerics.check_finite(inputs.rewards, None, process_group, what="PPO advantages (rewards)")
+        numerics.check_finite(inputs.values, mask, process_group, what="PPO advantages (critic values)")
         if self.config.kl_coef != 0.0 and inputs.kl is not None:
-            N.check_finite(inputs.kl, mask, process_group, what="PPO advantages (reward-side KL)")
-        rewards = N.token_rewards(inputs.rewards, mask, inputs.kl, self.config.kl_coef)
-        advantages, returns = N.gae(rewards, inputs.values, mask, self.config.gamma, self.config.lam)
+            numerics.check_finite(inputs.kl, mask, process_group, what="PPO advantages (reward-side KL)")
+        rewards = numerics.token_rewards(inputs.rewards, mask, inputs.kl, self.config.kl_coef)
+        advantages, returns = numerics.gae(rewards, inputs.values, mask, self.config.gamma, self.config.lam)
         if self.config.normalize_advantages:
-            advantages = N.masked_whiten(advantages, mask, process_group)
+            advantages = numerics.masked_whiten(advantages, mask, process_group)
         return advantages.to(torch.float32), returns.to(torch.float32)

@@ -7,8 +7,6 @@ with ``load_algorithm`` and instantiates the class itself; nothing pickles a liv
 
 from __future__ import annotations
 
-import importlib
-
 from relax.algorithms.base import RLAlgorithm
 from relax.algorithms.gdpo import GDPO
 from relax.algorithms.grpo import CISPO, GRPO, GSPO, SAPO
@@ -16,6 +14,7 @@ from relax.algorithms.m2po import M2PO
 from relax.algorithms.ppo import PPO
 from relax.algorithms.reinforce import ReinforcePlusPlus, ReinforcePlusPlusBaseline
 from relax.algorithms.rloo import RLOO
+from relax.importing import load_attribute
 
 BUILTIN_ALGORITHMS: tuple[type[RLAlgorithm], ...] = (
     GRPO,
@@ -61,34 +60,11 @@ def load_algorithm(spec: str) -> type[RLAlgorithm]:
         raise ValueError(f"An algorithm spec must be a non-empty string, got {spec!r}")
     if not is_dotted_path(spec):
         return get_algorithm(spec)
-    module_name, _, class_name = spec.partition(":")
-    if not module_name or not class_name or ":" in class_name:
-        raise ValueError(
-            f"Malformed algorithm path {spec!r}: expected 'package.module:ClassName', e.g. 'my_pkg.my_algo:MyAlgo'."
-        )
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        raise ValueError(
-            f"Cannot import module {module_name!r} for algorithm {spec!r}: {exc}. Make sure it is on "
-            "PYTHONPATH (or installed) in every process; relax passes the working directory to Ray workers."
-        ) from exc
-    try:
-        cls = getattr(module, class_name)
-    except AttributeError:
-        public = sorted(n for n in vars(module) if not n.startswith("_"))
-        raise ValueError(
-            f"Module {module_name!r} has no attribute {class_name!r} (algorithm {spec!r}). "
-            f"It defines: {', '.join(public) or 'nothing public'}."
-        ) from None
+    # No flag in the messages: the command line prefixes "argument --advantage-estimator:" itself.
+    cls = load_attribute(spec, expected="'package.module:ClassName', e.g. 'my_pkg.my_algo:MyAlgo'")
     if not (isinstance(cls, type) and issubclass(cls, RLAlgorithm)):
         raise TypeError(f"{spec!r} is {cls!r}, which is not a subclass of relax.algorithms.RLAlgorithm.")
     if getattr(cls, "__abstractmethods__", None):
         missing = ", ".join(sorted(cls.__abstractmethods__))
         raise TypeError(f"{spec!r} is abstract: it does not implement {missing}.")
     return cls
-
-
-def algorithm_display_name(cls: type[RLAlgorithm]) -> str:
-    """The name a user passes to --advantage-estimator for this class."""
-    return cls.name or f"{cls.__module__}:{cls.__qualname__}"

@@ -14,12 +14,9 @@ from __future__ import annotations
 
 import torch
 
-from relax.algorithms import numerics as N
-from relax.algorithms.grpo import GRPO
+from relax.algorithms import numerics
+from relax.algorithms.grpo import GRPO, LOSS_TERM_HYPERPARAMETERS, PPO_CLIP_HYPERPARAMETERS
 from relax.algorithms.types import AdvantageInputs
-
-_PPO_LOSS = ("eps_clip", "eps_clip_high", "eps_clip_c", "use_kl_loss", "kl_loss_coef", "kl_loss_type",
-             "entropy_coef", "loss_aggregation")
 
 
 class ReinforcePlusPlus(GRPO):
@@ -28,19 +25,25 @@ class ReinforcePlusPlus(GRPO):
     group_relative = False
     advantage_normalization = "required"
     supports_async = False  # the normalization needs the statistics of the whole batch
-    hyperparameters = ("reward_keys", "reward_weights", "kl_coef", "gamma", "normalize_advantages") + _PPO_LOSS
+    hyperparameters = (
+        ("reward_keys", "reward_weights", "kl_coef", "gamma", "normalize_advantages")
+        + PPO_CLIP_HYPERPARAMETERS + LOSS_TERM_HYPERPARAMETERS
+    )
 
     def normalize_rewards(self, rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
         r = self.combined_rewards(rewards)
-        N.check_group_ids(group_ids, r.shape[0])
+        numerics.check_group_ids(group_ids, r.shape[0])
         return r.to(torch.float32)
 
     def compute_advantages(self, inputs: AdvantageInputs, process_group=None):
         mask = inputs.response_mask
-        returns = N.discounted_returns(
-            N.token_rewards(inputs.rewards, mask, inputs.kl, self.config.kl_coef), mask, self.config.gamma
+        c = self.config
+        returns = numerics.discounted_returns(
+            numerics.token_rewards(inputs.rewards, mask, inputs.kl, c.kl_coef), mask, c.gamma
         )
-        advantages = N.token_global_normalize(returns, mask, process_group, what=f"{self.name} advantages")
+        advantages = numerics.token_global_normalize(
+            returns, mask, process_group, what=f"{self.name} advantages"
+        )
         return advantages.to(torch.float32), returns.to(torch.float32)
 
 
@@ -53,16 +56,19 @@ class ReinforcePlusPlusBaseline(GRPO):
     forbids_reward_side_kl = True
     allows_reward_post_process_hooks = False
     supports_async = False
-    hyperparameters = ("n_samples_per_prompt", "reward_keys", "reward_weights", "normalize_advantages") + _PPO_LOSS
+    hyperparameters = (
+        ("n_samples_per_prompt", "reward_keys", "reward_weights", "normalize_advantages")
+        + PPO_CLIP_HYPERPARAMETERS + LOSS_TERM_HYPERPARAMETERS
+    )
 
     def normalize_rewards(self, rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
         r = self.combined_rewards(rewards)
-        groups = N.Groups(N.check_group_ids(group_ids, r.shape[0]))
-        return N.group_standardize(r, groups, 0.0, divide_by_std=False).to(torch.float32)
+        groups = numerics.Groups(numerics.check_group_ids(group_ids, r.shape[0]))
+        return numerics.group_standardize(r, groups, 0.0, divide_by_std=False).to(torch.float32)
 
     def compute_advantages(self, inputs: AdvantageInputs, process_group=None):
-        returns = N.broadcast_to_tokens(inputs.rewards, inputs.response_mask)
-        advantages = N.token_global_normalize(
+        returns = numerics.broadcast_to_tokens(inputs.rewards, inputs.response_mask)
+        advantages = numerics.token_global_normalize(
             returns, inputs.response_mask, process_group, what=f"{self.name} advantages"
         )
         return advantages, returns

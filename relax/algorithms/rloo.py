@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from relax.algorithms import numerics as N
-from relax.algorithms.grpo import GRPO
+from relax.algorithms import numerics
+from relax.algorithms.grpo import GRPO, LOSS_TERM_HYPERPARAMETERS
 
 
 class RLOO(GRPO):
@@ -24,14 +24,12 @@ class RLOO(GRPO):
     requires_global_token_loss = True
     requires_on_policy_updates = True
     supports_async = False
-    hyperparameters = (
-        "n_samples_per_prompt", "reward_keys", "reward_weights", "use_kl_loss", "kl_loss_coef", "kl_loss_type",
-        "entropy_coef", "loss_aggregation",
-    )
+    hyperparameters = ("n_samples_per_prompt", "reward_keys", "reward_weights") + LOSS_TERM_HYPERPARAMETERS
 
     def normalize_rewards(self, rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
         r = self.combined_rewards(rewards)
-        return N.group_leave_one_out(r, N.check_group_ids(group_ids, r.shape[0])).to(torch.float32)
+        ids = numerics.check_group_ids(group_ids, r.shape[0])
+        return numerics.group_leave_one_out(r, ids).to(torch.float32)
 
     def surrogate(self, log_probs, log_ratio, advantages, mask):
         # No ratio and nothing to clip: pg_clipfrac is reported as 0 for dashboards shared with GRPO.

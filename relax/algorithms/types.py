@@ -1,4 +1,4 @@
-"""Typed inputs and outputs of the three algorithm stages (DESIGN.md §2).
+"""Typed inputs and outputs of the three algorithm stages (docs/design.md §2).
 
 Shapes: N samples, T response tokens. Every ``[N, T]`` tensor is right-padded and comes with a
 boolean ``response_mask``; positions where the mask is false never contribute to anything.

@@ -13,7 +13,6 @@ silently replaced.
 from __future__ import annotations
 
 import asyncio
-import importlib
 import inspect
 import math
 import numbers
@@ -22,6 +21,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
+
+from relax.importing import load_attribute
 
 SCALAR_REWARD_KEY = "reward"
 FLOAT32_MAX = float(torch.finfo(torch.float32).max)
@@ -45,36 +46,11 @@ def load_function(spec: str, flag: str = "--custom-rm-path") -> Callable:
 
     ``flag`` is only used in error messages, so that a user sees which option to fix.
     """
-    if not isinstance(spec, str) or not spec.strip():
-        raise ValueError(f"{flag} needs 'package.module:function', got {spec!r}")
-    if ":" in spec:
-        module_name, _, attr = spec.partition(":")
-    else:  # upstream style: the last dotted component is the function
-        module_name, _, attr = spec.rpartition(".")
-    if not module_name or not attr or ":" in attr:
-        raise ValueError(
-            f"{flag} {spec!r} is malformed: expected 'package.module:function', e.g. 'my_rewards:score'"
-        )
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        raise ValueError(
-            f"{flag} {spec!r}: cannot import module {module_name!r} ({exc}). Make sure it is on "
-            "PYTHONPATH or installed (relax runs from the current working directory)."
-        ) from exc
-    except Exception as exc:  # the user's module itself failed while importing
-        raise ValueError(
-            f"{flag} {spec!r}: importing module {module_name!r} raised {type(exc).__name__}: {exc}"
-        ) from exc
-    try:
-        fn = getattr(module, attr)
-    except AttributeError:
-        public = sorted(n for n, v in vars(module).items() if not n.startswith("_") and callable(v))
-        raise ValueError(
-            f"{flag} {spec!r}: module {module_name!r} has no attribute {attr!r}. "
-            f"Its public callables: {', '.join(public) or 'none'}."
-        ) from None
+    fn = load_attribute(
+        spec, flag, expected="'package.module:function', e.g. 'my_rewards:score'", allow_dotted=True
+    )
     if not callable(fn):
+        attr = spec.replace(":", ".").rpartition(".")[2]
         raise ValueError(f"{flag} {spec!r}: {attr!r} is a {type(fn).__name__}, not a function")
     return fn
 

@@ -12,7 +12,7 @@ One step is what the Ray pipeline does, in one process and in this order:
 6. push the new weights to the engine.
 
 Every step logs each component's mean (all of the task's components, also those the algorithm does
-not train on), optionally the multi-reward diagnostics of ``relax.algorithms.diagnostics`` computed
+not train on), optionally the algorithm's ``reward_diagnostics`` computed
 on the whole rollout *before* the group filter (dropped samples count with advantage 0), the
 fraction of samples kept, the averaged training metrics and timings. At the end the greedy accuracy
 on all 100 addition problems is measured.
@@ -40,7 +40,6 @@ import attrs
 import torch
 
 from relax.algorithms import AdvantageInputs, AlgorithmConfig, PolicyLossInputs, RLAlgorithm, load_algorithm
-from relax.algorithms.diagnostics import DEFAULT_STD_EPS, reward_diagnostics
 from relax.backends.base import TokenBatch
 from relax.backends.torch_backend import TorchBackend
 from relax.rollout.base import Prompt, SamplingParams
@@ -171,12 +170,6 @@ def _check_scales(reward_scales: Mapping[str, float] | None, task: Task) -> dict
     return {k: float(v) for k, v in scales.items() if v != 1}
 
 
-def _diagnostics_std_eps(algorithm: RLAlgorithm) -> float:
-    # GDPO resolves its epsilon from the variant axes; use the one it actually trains with.
-    variant = getattr(algorithm, "variant", None)
-    return float(getattr(variant, "std_eps", DEFAULT_STD_EPS))
-
-
 def train_local(
     task: Task | str,
     algorithm: str | RLAlgorithm,
@@ -212,8 +205,9 @@ def train_local(
         num_minibatches: optimizer steps per rollout; each mini-batch is whole prompt groups.
         lr, clip_grad, temperature: AdamW learning rate, gradient-norm clip, sampling temperature.
         filter_groups: drop groups without signal for the algorithm, as the pipeline does.
-        diagnostics: add ``reward_diagnostics`` (``reward/*``, ``multi_reward/*``, ``gdpo/*``,
-            ``advantage/*``) to every step (needs >= 1 reward key; multi-reward keys need >= 2).
+        diagnostics: add ``algorithm.reward_diagnostics`` (``reward/*``, ``multi_reward/*``,
+            ``advantage/*``, and e.g. GDPO's ``gdpo/*``) to every step (needs >= 1 reward key;
+            multi-reward keys need >= 2).
         evaluate: measure the greedy accuracy on the 100 addition problems at the end.
         reward_scales: ``{component: factor}`` multiplying that component's raw value before the
             algorithm sees it, i.e. a reward function that reports it on a different scale (unlike
@@ -279,7 +273,6 @@ def _run(
     components = tuple(task.reward_keys)
     columns = [components.index(k) for k in keys]
     scale_row = torch.tensor([scales.get(k, 1.0) for k in keys], dtype=torch.float64)
-    std_eps = _diagnostics_std_eps(algorithm)
 
     torch.manual_seed(seed)
     model = load_warmup_model()
@@ -328,16 +321,10 @@ def _run(
             record.update({f"train/{k}": v for k, v in train_metrics.items()})
             engine.load_weights(backend.export_weights())
         if diagnostics:
-            record.update(
-                reward_diagnostics(
-                    rewards, group_ids, keys, config.reward_weights, per_sample_advantage, std_eps=std_eps
-                )
-            )
+            record.update(algorithm.reward_diagnostics(rewards, group_ids, per_sample_advantage))
             if scales:  # per-component statistics in the task's units
                 # float32 like the unscaled path, so a scale of 1 and no scale log the same numbers
-                unscaled = reward_diagnostics(
-                    raw.to(torch.float32), group_ids, keys, config.reward_weights, None, std_eps=std_eps
-                )
+                unscaled = algorithm.reward_diagnostics(raw.to(torch.float32), group_ids)
                 record.update({k: v for k, v in unscaled.items() if k.startswith("reward/")})
         record["time/step_s"] = time.perf_counter() - t0
         record["time/rollout_s"] = t_rollout

@@ -8,27 +8,25 @@ from pathlib import Path
 
 import torch
 
-from relax.algorithms.diagnostics import (
-    DEFAULT_STD_EPS,
-    format_summary_table,
-    reward_diagnostics,
-    summarize_diagnostics,
-)
+from relax.algorithms.diagnostics import format_summary_table, summarize_diagnostics
 
 
 def reward_metrics(algorithm, rewards: torch.Tensor, group_ids: torch.Tensor, keys: Sequence[str]) -> dict[str, float]:
-    """The step's reward statistics and multi-reward diagnostics, from the one definition in
-    ``relax.algorithms.diagnostics`` (``reward/<key>/{mean,std,zero_std_frac}``,
-    ``gdpo/<key>/adv_share``, ``multi_reward/*``).
+    """The step's reward statistics and diagnostics: ``algorithm.reward_diagnostics`` of the raw
+    ``[N, K]`` rewards (``reward/<key>/{mean,std,zero_std_frac}``, ``multi_reward/*``, and what the
+    method adds, e.g. GDPO's ``gdpo/<key>/adv_share``). ``keys`` names the columns of ``rewards``
+    and must be the algorithm's ``reward_keys``.
 
-    Call it on the *whole* rollout (raw ``[N, K]`` rewards), before the group filter: the groups it
-    drops are part of what ``zero_std_frac`` and ``multi_reward/gdpo_cancel_rate`` count. The
-    advantages are computed later by another role, so ``advantage/*`` is not part of it.
+    Call it on the *whole* rollout, before the group filter: the groups it drops are part of what
+    ``zero_std_frac`` and ``multi_reward/gdpo_cancel_rate`` count. The advantages are computed later
+    by another role, so ``advantage/*`` is not part of it.
     """
-    # GDPO resolves its epsilon from its variant axes: use the one it trains with.
-    std_eps = float(getattr(getattr(algorithm, "variant", None), "std_eps", DEFAULT_STD_EPS))
-    weights = algorithm.config.reward_weights
-    return reward_diagnostics(rewards, group_ids, keys, weights, None, std_eps=std_eps)
+    if tuple(keys) != tuple(algorithm.config.reward_keys):
+        raise ValueError(
+            f"reward columns {tuple(keys)} differ from the algorithm's reward_keys "
+            f"{tuple(algorithm.config.reward_keys)}"
+        )
+    return algorithm.reward_diagnostics(rewards, group_ids)
 
 
 class MetricsLog:

@@ -68,17 +68,15 @@ def algorithm(name, **cfg):
 # -- checks: each gets (rank, group) and returns a JSON-like result --
 
 
-def _mean_std(rank, pg):
+def _whiten_weighted(rank, pg):
     x, _ = per_sample_shards()[rank]
-    mask = x > 0  # a data-dependent, uneven number of valid entries
-    mean, std, count = numerics.mean_std(x, mask, pg)
-    return [mean.item(), std.item(), count.item()]
+    weights = (x > 0).to(torch.float32)  # a data-dependent, uneven number of counted samples
+    return numerics.whiten_segments_weighted(x, weights, None, pg).tolist()
 
 
-def _mean_std_empty_shard(rank, pg):
+def _whiten_weighted_empty_shard(rank, pg):
     x = per_sample_shards()[0][0] if rank == 0 else torch.zeros(0)
-    mean, std, count = numerics.mean_std(x, None, pg)
-    return [mean.item(), std.item(), count.item()]
+    return numerics.whiten_segments_weighted(x, torch.ones_like(x), None, pg).tolist()
 
 
 def _whiten_segments(rank, pg):
@@ -99,6 +97,15 @@ def _whiten_collapse_global_vs_local(rank, pg):
     x = torch.tensor([1.5, 1.5, 2.0, 2.0]) if rank == 0 else torch.tensor([1.5, 5.0])
     sizes = (2, 2) if rank == 0 else (1, 1)
     return numerics.whiten_segments(x, sizes, pg).tolist()
+
+
+def _whiten_weighted_collapse_global(rank, pg):
+    # segment 0: every positive-weight value is 1.5 on both ranks (9.0 has weight 0) -> zeros
+    # segment 1: constant on each rank (2.0 / 5.0), but not globally -> real whitening
+    x = torch.tensor([1.5, 9.0, 2.0, 2.0]) if rank == 0 else torch.tensor([1.5, 5.0])
+    w = torch.tensor([1.0, 0.0, 1.0, 1.0]) if rank == 0 else torch.tensor([2.0, 1.0])
+    sizes = (2, 2) if rank == 0 else (1, 1)
+    return numerics.whiten_segments_weighted(x, w, sizes, pg).tolist()
 
 
 def _masked_whiten(rank, pg):
@@ -193,6 +200,14 @@ def _bad_segment_sum(rank, pg):
     if rank == 1:
         sizes = (1, 0, 4)  # sums to 5, the shard holds 6
     return numerics.whiten_segments(x, sizes, pg).tolist()
+
+
+def _bad_weighted_negative_weight(rank, pg):
+    x, sizes = per_sample_shards()[rank]
+    w = torch.ones_like(x)
+    if rank == 0:
+        w[1] = -1.0
+    return numerics.whiten_segments_weighted(x, w, sizes, pg).tolist()
 
 
 def _bad_gdpo_inf_reward(rank, pg):

@@ -95,9 +95,11 @@ def test_unequal_weights_grpo_collapses_gdpo_keeps():
 
 
 def test_sums_equal_up_to_rounding_count_as_collapsed():
-    # 0.1 + 0.2 + 0.3 = 0.6000000000000001 but 0.2 + 0.3 + 0.1 = 0.6 in float64: equal in real
-    # arithmetic, so GRPO gets no signal; exact comparison (rtol=0) would miss it.
-    rewards = torch.tensor([[0.1, 0.2, 0.3], [0.2, 0.3, 0.1]], dtype=torch.float64)
+    # The two rows sum to 0.9 in real arithmetic, so GRPO gets no signal, but to two different
+    # float64 numbers in whichever order the matrix product adds the three terms (e.g. 0.9 and
+    # 0.8999999999999999 left to right, 0.9000000000000001 and 0.9 for (x0 + x2) + x1, as some BLAS
+    # builds add): exact comparison (rtol=0) would miss it.
+    rewards = torch.tensor([[0.2, 0.3, 0.4], [0.3, 0.4, 0.2]], dtype=torch.float64)
     args = (rewards, torch.tensor([0, 0]), ("x", "y", "z"), None, torch.zeros(2))
     assert (rewards @ torch.ones(3, dtype=torch.float64)).unique().numel() == 2
     assert reward_diagnostics(*args)["multi_reward/collapse_rate"] == 1.0
@@ -236,3 +238,127 @@ def test_summary_first_and_last_tenth():
     assert "| reward/r/mean | 0.5 | 18.5 |" in table
     assert "| gdpo/a/adv_share | 0.25 | — |" in table
     assert summarize_diagnostics(steps[:3])["reward/r/mean"] == MetricSummary(0.0, 2.0, 1)
+
+
+# -- the group reductions come from numerics: same numbers as the former standalone implementation --
+
+
+def _former_diagnostics(rewards, group_ids, weights, std_eps, rtol=1e-6):
+    """The multi-reward part of ``reward_diagnostics`` as it was before it used ``numerics.Groups``
+    (its own scatter reductions and GDPO step 1), kept verbatim as an independent reference."""
+
+    def reduce(values, index, num_groups, op):
+        shape = (num_groups,) + tuple(values.shape[1:])
+        idx = index.view(-1, *([1] * (values.dim() - 1))).expand_as(values)
+        out = torch.zeros(shape, dtype=values.dtype)
+        return out.scatter_reduce(0, idx, values, reduce=op, include_self=False)
+
+    def terms_of(r, index, num_groups, w, eps):
+        count = reduce(torch.ones_like(r[:, 0]), index, num_groups, "sum")
+        mean = reduce(r, index, num_groups, "sum") / count[:, None]
+        centered = r - mean[index]
+        sq = reduce(centered * centered, index, num_groups, "sum")
+        std = (sq / (count[:, None] - 1).clamp_min(1.0)).sqrt()
+        constant = reduce(r, index, num_groups, "amax") == reduce(r, index, num_groups, "amin")
+        z = centered / (std[index] + eps)
+        return torch.where(constant[index], torch.zeros_like(z), z) * w
+
+    r = rewards.to(torch.float64)
+    w = torch.tensor(weights, dtype=torch.float64)
+    _, index = torch.unique(group_ids, return_inverse=True)
+    num_groups = int(index.max()) + 1
+    gmax, gmin = reduce(r, index, num_groups, "amax"), reduce(r, index, num_groups, "amin")
+    constant = gmax == gmin
+    out = {f"zero_std_frac/{j}": float(v) for j, v in enumerate(constant.to(torch.float64).mean(0))}
+    abs_mean = terms_of(r, index, num_groups, w, std_eps).abs().mean(0)
+    if abs_mean.sum() > 0:
+        out.update({f"share/{j}": float(v / abs_mean.sum()) for j, v in enumerate(abs_mean)})
+    varied = ~constant.all(1)
+    s = r @ w
+    sum_flat = reduce(s, index, num_groups, "amax") - reduce(s, index, num_groups, "amin") <= rtol * (
+        torch.maximum(gmax.abs(), gmin.abs()) @ w.abs()
+    )
+    scale_free = terms_of(r, index, num_groups, w, 0.0)
+    comb = scale_free.sum(1)
+    comb_spread = reduce(comb, index, num_groups, "amax") - reduce(comb, index, num_groups, "amin")
+    gdpo_flat = comb_spread <= rtol * reduce(scale_free.abs(), index, num_groups, "amax").sum(1)
+    out["varied"] = float(varied.to(torch.float64).mean())
+    out["collapse"] = float((varied & sum_flat & ~gdpo_flat).to(torch.float64).mean())
+    out["cancel"] = float((varied & gdpo_flat).to(torch.float64).mean())
+    return out
+
+
+def _hard_batch(seed, kind):
+    """Rewards that exercise every branch: discrete values with constant columns, components of very
+    different scales, near-constant float32 values on a large offset (where the mean cancels), and
+    complementary components that cancel in GDPO; group ids with gaps, or huge ones."""
+    gen = torch.Generator().manual_seed(seed)
+    n, k = 60 + seed, 2 + seed % 3
+    if kind == "discrete":
+        rewards = torch.randint(0, 3, (n, k), generator=gen).to(torch.float32)
+    elif kind == "scales":
+        scales = 10.0 ** torch.arange(-3, 3 * k - 3, 3)
+        rewards = torch.randn(n, k, generator=gen, dtype=torch.float64) * scales
+    elif kind == "offset":
+        rewards = (torch.rand(n, k, generator=gen) * 0.3 + 1000).to(torch.float32)
+    else:  # complementary 0/1 components plus constant ones
+        a = torch.randint(0, 2, (n,), generator=gen).to(torch.float64)
+        rewards = torch.stack([a, 1 - a] + [torch.full((n,), 0.5, dtype=torch.float64)] * (k - 2), dim=1)
+    ids = torch.randint(0, n // 3, (n,), generator=gen)
+    ids = ids * 7919 + 10**9 if seed % 2 else ids * 3  # compacted by torch.unique / used directly with gaps
+    weights = tuple(torch.randn(k, generator=gen, dtype=torch.float64).tolist())
+    if kind == "complementary":  # equal weights on the complementary pair: they cancel in GDPO
+        weights = (1.5, 1.5) + weights[2:]
+    return rewards, ids, weights
+
+
+@pytest.mark.parametrize("kind", ["discrete", "scales", "offset", "complementary"])
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("std_eps", [1e-4, 1e-2])
+def test_same_numbers_as_the_former_implementation(kind, seed, std_eps):
+    rewards, ids, weights = _hard_batch(seed, kind)
+    keys = tuple(f"k{j}" for j in range(rewards.shape[1]))
+    out = reward_diagnostics(rewards, ids, keys, weights, None, std_eps=std_eps)
+    ref = _former_diagnostics(rewards, ids, weights, std_eps)
+    got = {f"zero_std_frac/{j}": out[f"reward/{key}/zero_std_frac"] for j, key in enumerate(keys)}
+    shares = [out.get(f"gdpo/{key}/adv_share") for key in keys]
+    got.update({f"share/{j}": share for j, share in enumerate(shares) if share is not None})
+    got.update({name: out[f"multi_reward/{long}"] for name, long in (
+        ("varied", "varied_group_frac"), ("collapse", "collapse_rate"), ("cancel", "gdpo_cancel_rate"))})
+    assert got == ref  # exactly: the same float64 operations in the same order
+    if kind == "complementary":
+        assert ref["cancel"] > 0
+
+
+# -- RLAlgorithm.reward_diagnostics: what each method logs --
+
+
+def _algorithm(name, **cfg):
+    from relax.algorithms import AlgorithmConfig, get_algorithm
+
+    return get_algorithm(name)(AlgorithmConfig(reward_keys=("a", "b"), reward_weights=(1.0, 2.0), **cfg))
+
+
+def test_grpo_logs_the_method_independent_diagnostics_only():
+    rewards, ids, _ = _hard_batch(1, "discrete")
+    rewards = rewards[:, :2]
+    adv = torch.randn(len(ids), generator=torch.Generator().manual_seed(0))
+    out = _algorithm("grpo").reward_diagnostics(rewards, ids, adv)
+    full = reward_diagnostics(rewards, ids, ("a", "b"), (1.0, 2.0), adv)
+    assert out == {k: v for k, v in full.items() if not k.startswith("gdpo/")}
+    assert "multi_reward/collapse_rate" in out and "advantage/mean" in out
+
+
+def test_gdpo_adds_its_shares_with_the_epsilon_it_trains_with():
+    rewards = torch.tensor([[2.0, 0.0], [0.0, 0.001], [1.0, 0.0], [1.0, 0.002]])
+    ids = torch.tensor([0, 0, 1, 1])
+    for eps in (1e-4, 1e-2):
+        out = _algorithm("gdpo", n_samples_per_prompt=2, gdpo_std_eps=eps).reward_diagnostics(rewards, ids)
+        assert out == reward_diagnostics(rewards, ids, ("a", "b"), (1.0, 2.0), None, std_eps=eps)
+    # the eps matters here: component b's spread (~1e-3) is of the order of the larger eps
+
+    def share_of_b(eps):
+        gdpo = _algorithm("gdpo", n_samples_per_prompt=2, gdpo_std_eps=eps)
+        return gdpo.reward_diagnostics(rewards, ids)["gdpo/b/adv_share"]
+
+    assert share_of_b(1e-4) > share_of_b(1e-2) + 0.1

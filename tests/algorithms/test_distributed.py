@@ -138,25 +138,27 @@ def rows_of(s, key):
 # -- batch statistics --
 
 
-def test_mean_std_over_uneven_shards(results):
-    got = ok(results, "_mean_std")
+def test_weighted_whitening_over_uneven_shards(results):
+    # Weight 0/1: the statistics are the mean and unbiased std of the counted samples of both ranks;
+    # every sample, counted or not, is whitened with them.
+    got = ok(results, "_whiten_weighted")
     shards = checks.per_sample_shards()
     valid = [v for x, _ in shards for v in x[x > 0].double().tolist()]
     m, s = py_mean_std(valid)
-    for rank_result in got:
-        close(rank_result, [m, s, len(valid)], rtol=1e-12, atol=1e-12)
+    for rank_result, (x, _) in zip(got, shards):
+        close(rank_result, [(v - m) / (s + 1e-4) for v in x.double().tolist()], rtol=1e-6, atol=1e-6)
     # single process on the concatenated batch
     x = torch.cat([x for x, _ in shards])
-    single = [t.item() for t in numerics.mean_std(x, x > 0)]
-    close(got[0], single, rtol=1e-12, atol=1e-12)
+    single = numerics.whiten_segments_weighted(x, (x > 0).to(torch.float32)).tolist()
+    close(got[0] + got[1], single, rtol=3e-7, atol=1e-9)
 
 
-def test_mean_std_with_an_empty_shard(results):
-    got = ok(results, "_mean_std_empty_shard")
+def test_weighted_whitening_with_an_empty_shard(results):
+    got = ok(results, "_whiten_weighted_empty_shard")
     x0 = checks.per_sample_shards()[0][0].double().tolist()
     m, s = py_mean_std(x0)
-    assert got[0] == got[1]
-    close(got[0], [m, s, len(x0)], rtol=1e-12, atol=1e-12)
+    close(got[0], [(v - m) / (s + 1e-4) for v in x0])
+    assert got[1] == []
 
 
 def test_whiten_segments_uneven_shards_several_segments(results):
@@ -183,6 +185,13 @@ def test_whiten_segments_with_an_empty_shard(results):
 
 def test_collapse_is_decided_globally(results):
     got = ok(results, "_whiten_collapse_global_vs_local")
+    c = 1 / (math.sqrt(3) + 1e-4)  # segment 1 is {2, 2, 5}: mean 3, std sqrt(3)
+    assert got[0][:2] == [0.0, 0.0] and got[1][0] == 0.0
+    close(got[0][2:] + got[1][1:], [-c, -c, 2 * c])
+
+
+def test_weighted_collapse_is_decided_globally_over_positive_weights(results):
+    got = ok(results, "_whiten_weighted_collapse_global")
     c = 1 / (math.sqrt(3) + 1e-4)  # segment 1 is {2, 2, 5}: mean 3, std sqrt(3)
     assert got[0][:2] == [0.0, 0.0] and got[1][0] == 0.0
     close(got[0][2:] + got[1][1:], [-c, -c, 2 * c])
@@ -326,6 +335,7 @@ def test_grpo_normalize_advantages_matches_single_process(results):
         ("_bad_non_finite_whiten", 0, "non-finite", "another rank"),
         ("_bad_segment_count", None, "segment", "segment"),
         ("_bad_segment_sum", 1, "sum to 5", "another rank"),
+        ("_bad_weighted_negative_weight", 0, "weights must be finite and >= 0", "another rank"),
         ("_bad_gdpo_inf_reward", 1, "non-finite", "another rank"),
         ("_bad_token_normalize_nan", 1, "non-finite", "another rank"),
         ("_bad_reinforce_pp_nan_kl", 0, "non-finite", "another rank"),

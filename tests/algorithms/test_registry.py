@@ -167,7 +167,7 @@ def test_load_user_subclass_from_outside_the_repo(user_module):
 
 @pytest.mark.parametrize("spec", ["a:b:c", ":Cls", "mod:"])
 def test_malformed_path(spec):
-    with pytest.raises(ValueError, match="Malformed algorithm path"):
+    with pytest.raises(ValueError, match=r"Malformed path .*expected 'package\.module:ClassName'"):
         load_algorithm(spec)
 
 

@@ -16,7 +16,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from relax.algorithms import AdvantageInputs, AlgorithmConfig, PolicyLossInputs, get_algorithm
-from relax.algorithms import numerics as N
+from relax.algorithms import numerics
 from relax.algorithms.m2po import m2po_threshold
 
 
@@ -138,10 +138,10 @@ def test_policy_loss_dual_clip_and_masking():
 def test_aggregations():
     x = torch.tensor([[1.0, 2.0, float("inf")], [4.0, float("nan"), float("nan")]])
     m = torch.tensor([[True, True, False], [True, False, False]])
-    assert N.aggregate(x, m, "token_mean").item() == pytest.approx(7 / 3)
-    assert N.aggregate(x, m, "seq_mean_token_mean").item() == pytest.approx((1.5 + 4) / 2)
-    assert N.aggregate(x, m, "seq_mean_token_sum").item() == pytest.approx((3 + 4) / 2)
-    assert N.aggregate(x, m, "token_mean", global_num_tokens=7).item() == pytest.approx(1.0)
+    assert numerics.aggregate(x, m, "token_mean").item() == pytest.approx(7 / 3)
+    assert numerics.aggregate(x, m, "seq_mean_token_mean").item() == pytest.approx((1.5 + 4) / 2)
+    assert numerics.aggregate(x, m, "seq_mean_token_sum").item() == pytest.approx((3 + 4) / 2)
+    assert numerics.aggregate(x, m, "token_mean", global_num_tokens=7).item() == pytest.approx(1.0)
 
 
 def test_m2po_solver_previous_breakpoint():
@@ -167,12 +167,13 @@ def _worker(rank, port, results):
         full = torch.tensor([1.0, 4.0, 2.0, 8.0, 3.0, 7.0, 5.0])
         shards = {0: (full[:4], (3, 1)), 1: (full[4:], (0, 3))}  # segment 0 = [1,4,2], segment 1 = [8,3,7,5]
         vals, sizes = shards[rank]
-        got = N.whiten_segments(vals, sizes, dist.group.WORLD)
+        got = numerics.whiten_segments(vals, sizes, dist.group.WORLD)
         mask = torch.ones(vals.shape[0], 2, dtype=torch.bool)
-        tok = N.token_global_normalize(vals[:, None].expand(-1, 2).contiguous(), mask, dist.group.WORLD)
-        empty = N.whiten_segments(torch.zeros(0) if rank == 1 else vals, None, dist.group.WORLD)
+        per_token = vals[:, None].expand(-1, 2).contiguous()
+        tok = numerics.token_global_normalize(per_token, mask, dist.group.WORLD)
+        empty = numerics.whiten_segments(torch.zeros(0) if rank == 1 else vals, None, dist.group.WORLD)
         try:
-            N.whiten_segments(vals, (1,) * vals.shape[0] if rank == 0 else None, dist.group.WORLD)
+            numerics.whiten_segments(vals, (1,) * vals.shape[0] if rank == 0 else None, dist.group.WORLD)
             mismatch = "no error"
         except ValueError as e:
             mismatch = str(e)
@@ -187,10 +188,10 @@ def test_distributed_whitening_matches_single_process():
     results = manager.dict()
     mp.spawn(_worker, args=(_free_port(), results), nprocs=2, join=True)
     full = torch.tensor([1.0, 4.0, 2.0, 8.0, 3.0, 7.0, 5.0])
-    single = torch.cat([N.whiten_segments(full[:3]), N.whiten_segments(full[3:])])
+    single = torch.cat([numerics.whiten_segments(full[:3]), numerics.whiten_segments(full[3:])])
     torch.testing.assert_close(torch.cat([results[0][0], results[1][0]]), single, rtol=0, atol=1e-6)
     tok = torch.cat([results[0][1], results[1][1]])
     expected = (full - full.mean()) / full.var(unbiased=False).sqrt()
     torch.testing.assert_close(tok, expected[:, None].expand(-1, 2), rtol=0, atol=1e-6)
-    torch.testing.assert_close(results[0][2], N.whiten_segments(full[:4]))
+    torch.testing.assert_close(results[0][2], numerics.whiten_segments(full[:4]))
     assert "segment" in results[0][3] and "segment" in results[1][3]

@@ -6,7 +6,7 @@ Built-in and user reward functions share one signature (see ``relax.rollout.base
 
 ``async def`` works too. A plain number is the single component ``"reward"``. The returned values
 become a float64 ``[N, K]`` matrix whose columns follow ``reward_keys``. Every bad value stops the
-run with the sample index, the function's name, the key and the value (DESIGN.md §3); nothing is
+run with the sample index, the function's name, the key and the value (docs/design.md §3); nothing is
 silently replaced.
 """
 

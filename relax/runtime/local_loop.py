@@ -32,142 +32,56 @@ kernels are deterministic, so the same arguments give bit-identical metrics (tim
 
 from __future__ import annotations
 
-import math
+import contextlib
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-import attrs
 import torch
 
-from relax.algorithms import AdvantageInputs, AlgorithmConfig, PolicyLossInputs, RLAlgorithm, load_algorithm
-from relax.backends.base import TokenBatch
+from relax.algorithms import AdvantageInputs, AlgorithmConfig, RLAlgorithm
 from relax.backends.torch_backend import TorchBackend
+from relax.models.batch import TokenBatch
+from relax.models.tiny.weights import load_warmup_model
 from relax.rollout.base import Prompt, SamplingParams
 from relax.rollout.tasks import Task, get_task
-from relax.rollout.tasks.addition import all_problems
+from relax.rollout.tasks.addition import greedy_accuracy
 from relax.rollout.tiny.engine import TinyEngine
-from relax.rollout.tiny.warmup import load_warmup_model
+from relax.runtime.local_recipe import (
+    LocalRunResult,
+    check_scales,
+    check_shapes,
+    recipe_config,
+    resolve_algorithm,
+)
+from relax.runtime.losses import policy_loss_fn
+from relax.runtime.schedule import segment_slices
 
 # Per-step keys that depend on wall time, so they are excluded when comparing two runs.
 TIMING_PREFIX = "time/"
 
 
-def recipe_config(
-    reward_keys: Sequence[str],
-    reward_weights: Sequence[float] | None = None,
-    *,
-    n_samples_per_prompt: int = 8,
-    **overrides,
-) -> AlgorithmConfig:
-    """The ``AlgorithmConfig`` of the embedded-default recipe (PPO clip 0.2 / 0.28, token-mean loss).
-
-    ``overrides`` are passed to ``AlgorithmConfig`` (e.g. ``gdpo_preset="nvlabs-trl"``).
-    """
-    fields = {"eps_clip": 0.2, "eps_clip_high": 0.28, "loss_aggregation": "token_mean"}
-    fields.update(overrides)
-    return AlgorithmConfig(
-        n_samples_per_prompt=n_samples_per_prompt,
-        reward_keys=tuple(reward_keys),
-        reward_weights=None if reward_weights is None else tuple(reward_weights),
-        **fields,
-    )
+@contextlib.contextmanager
+def _torch_threads(num_threads: int | None):
+    """Run with ``num_threads`` torch intra-op threads (None: leave the setting alone), then restore."""
+    previous = torch.get_num_threads()
+    if num_threads is not None:
+        torch.set_num_threads(num_threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
 
 
-@attrs.frozen(kw_only=True)
-class LocalRunResult:
-    """What ``train_local`` returns.
-
-    ``history`` has one dict per step (``step``, ``reward/<key>/mean`` for every task component,
-    ``response/tokens_mean`` (sampled tokens per completion, ``<eos>`` included), ``kept_frac``, ``train/*`` averaged over the step's mini-batches, the diagnostics when enabled,
-    ``time/step_s`` and ``time/rollout_s``). ``greedy_accuracy`` is the fraction of the 100 addition
-    problems answered correctly at temperature 0 after the last step (``None`` when not evaluated).
-    """
-
-    history: list[dict[str, float]]
-    greedy_accuracy: float | None
-    seconds: float
-    reward_keys: tuple[str, ...]
-    reward_weights: tuple[float, ...]
-    task_components: tuple[str, ...]
-
-
-def greedy_accuracy(engine: TinyEngine, task: Task, problems: Sequence[Prompt] | None = None) -> float:
-    """Fraction of ``problems`` (default: all 100 addition problems) whose greedy answer scores
-    ``correct`` = 1 under ``task.reward_fn``."""
-    if "correct" not in task.reward_keys:
-        raise ValueError(
-            f"greedy_accuracy scores the 'correct' component; task {task.name!r} has {task.reward_keys}"
-        )
-    problems = list(all_problems() if problems is None else problems)
-    tok = engine.tokenizer
-    params = SamplingParams(temperature=0.0, max_new_tokens=task.max_new_tokens)
-    gen = engine.generate([tok.encode(p.text) for p in problems], params)
+def _sample_and_score(engine, task: Task, samples: Sequence[Prompt], params, generator, n_samples: int):
+    """``(generation, rewards [N, K_task] float64)`` for one rollout, columns in the task's order."""
+    gen = engine.generate([engine.tokenizer.encode(p.text) for p in samples], params, generator)
     texts = engine.decode_responses(gen)
-    hits = sum(task.reward_fn(p.text, c, p.label, p.metadata)["correct"] for p, c in zip(problems, texts))
-    return hits / len(problems)
-
-
-def _resolve_algorithm(algorithm: str | RLAlgorithm, config: AlgorithmConfig | None) -> RLAlgorithm:
-    if isinstance(algorithm, RLAlgorithm):
-        if config is not None and config != algorithm.config:
-            raise ValueError(
-                "pass either an RLAlgorithm instance or a spec with its AlgorithmConfig, not an "
-                "instance together with a different config"
-            )
-        return algorithm
-    if config is None:
-        raise ValueError(
-            f"algorithm {algorithm!r} is a spec: pass its AlgorithmConfig as well (see recipe_config)"
-        )
-    return load_algorithm(algorithm)(config)
-
-
-def _check_shapes(
-    algorithm: RLAlgorithm,
-    task: Task,
-    n_samples: int,
-    prompts_per_step: int,
-    num_minibatches: int,
-    steps: int,
-) -> None:
-    config = algorithm.config
-    missing = [k for k in config.reward_keys if k not in task.reward_keys]
-    if missing:
-        raise ValueError(
-            f"reward_keys {missing} are not components of task {task.name!r} "
-            f"(it has {', '.join(task.reward_keys)})"
-        )
-    if config.n_samples_per_prompt != n_samples:
-        raise ValueError(
-            f"AlgorithmConfig.n_samples_per_prompt={config.n_samples_per_prompt} but n_samples="
-            f"{n_samples}; set both to the group size"
-        )
-    for name, value in (
-        ("steps", steps),
-        ("prompts_per_step", prompts_per_step),
-        ("n_samples", n_samples),
-        ("num_minibatches", num_minibatches),
-    ):
-        if value < 1:
-            raise ValueError(f"{name} must be >= 1, got {value}")
-
-
-def _check_scales(reward_scales: Mapping[str, float] | None, task: Task) -> dict[str, float]:
-    scales = dict(reward_scales or {})
-    for key, factor in scales.items():
-        if key not in task.reward_keys:
-            raise ValueError(
-                f"reward_scales names {key!r}, which is not a component of task {task.name!r} "
-                f"(it has {', '.join(task.reward_keys)})"
-            )
-        if (
-            isinstance(factor, bool)
-            or not isinstance(factor, (int, float))
-            or not math.isfinite(factor)
-            or factor <= 0
-        ):
-            raise ValueError(f"reward_scales[{key!r}] must be a finite number > 0, got {factor!r}")
-    return {k: float(v) for k, v in scales.items() if v != 1}
+    # sample_index gives identical completions within a group independent judge coins.
+    scored = [
+        task.reward_fn(p.text, c, p.label, {**p.metadata, "sample_index": i % n_samples})
+        for i, (p, c) in enumerate(zip(samples, texts))
+    ]
+    return gen, torch.tensor([[s[k] for k in task.reward_keys] for s in scored], dtype=torch.float64)
 
 
 def train_local(
@@ -220,135 +134,83 @@ def train_local(
         on_step: called with each step's metrics dict as soon as it is complete.
     """
     task = get_task(task) if isinstance(task, str) else task
-    algorithm = _resolve_algorithm(algorithm, config)
-    _check_shapes(algorithm, task, n_samples, prompts_per_step, num_minibatches, steps)
-    scales = _check_scales(reward_scales, task)
-    previous_threads = torch.get_num_threads()
-    if num_threads is not None:
-        torch.set_num_threads(num_threads)
-    try:
-        return _run(
-            task,
-            algorithm,
-            steps=steps,
-            seed=seed,
-            prompts_per_step=prompts_per_step,
-            n_samples=n_samples,
-            num_minibatches=num_minibatches,
-            lr=lr,
-            clip_grad=clip_grad,
-            temperature=temperature,
-            filter_groups=filter_groups,
-            diagnostics=diagnostics,
-            evaluate=evaluate,
-            scales=scales,
-            log_every=log_every,
-            on_step=on_step,
-        )
-    finally:
-        torch.set_num_threads(previous_threads)
+    algorithm = resolve_algorithm(algorithm, config)
+    check_shapes(algorithm, task, n_samples, prompts_per_step, num_minibatches, steps)
+    scales = check_scales(reward_scales, task)
+    with _torch_threads(num_threads):
+        config = algorithm.config
+        keys = tuple(config.reward_keys)
+        components = tuple(task.reward_keys)
+        columns = [components.index(k) for k in keys]
+        scale_row = torch.tensor([scales.get(k, 1.0) for k in keys], dtype=torch.float64)
 
+        torch.manual_seed(seed)
+        model = load_warmup_model()
+        engine = TinyEngine(load_warmup_model(), task.make_tokenizer())
+        backend = TorchBackend(model, lr=lr, clip_grad=clip_grad, temperature=temperature)
+        engine.load_weights(backend.export_weights())
+        prompt_source = task.make_prompts(seed)
+        generator = torch.Generator().manual_seed(seed)
+        params = SamplingParams(temperature=temperature, max_new_tokens=task.max_new_tokens)
+        group_ids = torch.arange(prompts_per_step).repeat_interleave(n_samples)
 
-def _run(
-    task: Task,
-    algorithm: RLAlgorithm,
-    *,
-    steps,
-    seed,
-    prompts_per_step,
-    n_samples,
-    num_minibatches,
-    lr,
-    clip_grad,
-    temperature,
-    filter_groups,
-    diagnostics,
-    evaluate,
-    scales,
-    log_every,
-    on_step,
-) -> LocalRunResult:
-    config = algorithm.config
-    keys = tuple(config.reward_keys)
-    components = tuple(task.reward_keys)
-    columns = [components.index(k) for k in keys]
-    scale_row = torch.tensor([scales.get(k, 1.0) for k in keys], dtype=torch.float64)
+        history: list[dict[str, float]] = []
+        start = time.perf_counter()
+        for step in range(1, steps + 1):
+            t0 = time.perf_counter()
+            samples = [p for p in prompt_source.next_batch(prompts_per_step) for _ in range(n_samples)]
+            gen, all_rewards = _sample_and_score(engine, task, samples, params, generator, n_samples)
+            raw = all_rewards[:, columns]
+            rewards = (raw * scale_row).to(torch.float32) if scales else raw.to(torch.float32)
+            t_rollout = time.perf_counter() - t0
 
-    torch.manual_seed(seed)
-    model = load_warmup_model()
-    engine = TinyEngine(load_warmup_model(), task.make_tokenizer())
-    backend = TorchBackend(model, lr=lr, clip_grad=clip_grad, temperature=temperature)
-    engine.load_weights(backend.export_weights())
-    prompt_source = task.make_prompts(seed)
-    generator = torch.Generator().manual_seed(seed)
-    params = SamplingParams(temperature=temperature, max_new_tokens=task.max_new_tokens)
-    group_ids = torch.arange(prompts_per_step).repeat_interleave(n_samples)
+            record: dict[str, float] = {"step": step}
+            for j, k in enumerate(components):
+                record[f"reward/{k}/mean"] = float(all_rewards[:, j].mean())
 
-    history: list[dict[str, float]] = []
-    start = time.perf_counter()
-    for step in range(1, steps + 1):
-        t0 = time.perf_counter()
-        prompts = prompt_source.next_batch(prompts_per_step)
-        samples = [p for p in prompts for _ in range(n_samples)]
-        gen = engine.generate([engine.tokenizer.encode(p.text) for p in samples], params, generator)
-        texts = engine.decode_responses(gen)
-        # sample_index gives identical completions within a group independent judge coins.
-        scored = [
-            task.reward_fn(p.text, c, p.label, {**p.metadata, "sample_index": i % n_samples})
-            for i, (p, c) in enumerate(zip(samples, texts))
-        ]
-        all_rewards = torch.tensor([[s[k] for k in components] for s in scored], dtype=torch.float64)
-        raw = all_rewards[:, columns]
-        rewards = (raw * scale_row).to(torch.float32) if scales else raw.to(torch.float32)
-        t_rollout = time.perf_counter() - t0
-
-        record: dict[str, float] = {"step": step}
-        for j, k in enumerate(components):
-            record[f"reward/{k}/mean"] = float(all_rewards[:, j].mean())
-
-        keep = (
-            algorithm.group_has_signal(rewards, group_ids)
-            if filter_groups
-            else torch.ones(len(samples), dtype=torch.bool)
-        )
-        record["response/tokens_mean"] = float(gen.batch.response_mask.sum(1).double().mean())
-        record["kept_frac"] = float(keep.float().mean())
-        per_sample_advantage = torch.zeros(len(samples), dtype=torch.float64)
-        if keep.any():
-            train_metrics = _train_on_kept(
-                algorithm, backend, gen.batch, rewards, group_ids, keep, num_minibatches, per_sample_advantage
+            keep = (
+                algorithm.group_has_signal(rewards, group_ids)
+                if filter_groups
+                else torch.ones(len(samples), dtype=torch.bool)
             )
-            record.update({f"train/{k}": v for k, v in train_metrics.items()})
-            engine.load_weights(backend.export_weights())
-        if diagnostics:
-            record.update(algorithm.reward_diagnostics(rewards, group_ids, per_sample_advantage))
-            if scales:  # per-component statistics in the task's units
-                # float32 like the unscaled path, so a scale of 1 and no scale log the same numbers
-                unscaled = algorithm.reward_diagnostics(raw.to(torch.float32), group_ids)
-                record.update({k: v for k, v in unscaled.items() if k.startswith("reward/")})
-        record["time/step_s"] = time.perf_counter() - t0
-        record["time/rollout_s"] = t_rollout
-        history.append(record)
-        if on_step is not None:
-            on_step(record)
-        if log_every and step % log_every == 0:
-            rate = step / (time.perf_counter() - start)
-            print(
-                f"step {step:4d}  "
-                + "  ".join(f"{k}={record[f'reward/{k}/mean']:.3f}" for k in components)
-                + f"  {rate:.1f} steps/s",
-                flush=True,
-            )
-    seconds = time.perf_counter() - start
-    accuracy = greedy_accuracy(engine, task) if evaluate else None
-    return LocalRunResult(
-        history=history,
-        greedy_accuracy=accuracy,
-        seconds=seconds,
-        reward_keys=keys,
-        reward_weights=tuple(config.reward_weights),
-        task_components=components,
-    )
+            record["response/tokens_mean"] = float(gen.batch.response_mask.sum(1).double().mean())
+            record["kept_frac"] = float(keep.float().mean())
+            per_sample_advantage = torch.zeros(len(samples), dtype=torch.float64)
+            if keep.any():
+                train_metrics = _train_on_kept(
+                    algorithm, backend, gen.batch, rewards, group_ids, keep, num_minibatches, per_sample_advantage
+                )
+                record.update({f"train/{k}": v for k, v in train_metrics.items()})
+                engine.load_weights(backend.export_weights())
+            if diagnostics:
+                record.update(algorithm.reward_diagnostics(rewards, group_ids, per_sample_advantage))
+                if scales:  # per-component statistics in the task's units
+                    # float32 like the unscaled path, so a scale of 1 and no scale log the same numbers
+                    unscaled = algorithm.reward_diagnostics(raw.to(torch.float32), group_ids)
+                    record.update({k: v for k, v in unscaled.items() if k.startswith("reward/")})
+            record["time/step_s"] = time.perf_counter() - t0
+            record["time/rollout_s"] = t_rollout
+            history.append(record)
+            if on_step is not None:
+                on_step(record)
+            if log_every and step % log_every == 0:
+                rate = step / (time.perf_counter() - start)
+                print(
+                    f"step {step:4d}  "
+                    + "  ".join(f"{k}={record[f'reward/{k}/mean']:.3f}" for k in components)
+                    + f"  {rate:.1f} steps/s",
+                    flush=True,
+                )
+        seconds = time.perf_counter() - start
+        accuracy = greedy_accuracy(engine, task) if evaluate else None
+        return LocalRunResult(
+            history=history,
+            greedy_accuracy=accuracy,
+            seconds=seconds,
+            reward_keys=keys,
+            reward_weights=tuple(config.reward_weights),
+            task_components=components,
+        )
 
 
 def _train_on_kept(
@@ -378,29 +240,12 @@ def _train_on_kept(
     per_sample_advantage[rows] = (advantages.to(torch.float64) * mask).sum(1) / mask.sum(1).clamp_min(1.0)
     old = backend.compute_log_probs(kept).log_probs
     sums: dict[str, float] = {}
-    offset = 0
-    for size in sizes:
-        part = slice(offset, offset + size)
-        offset += size
+    for part in segment_slices(sizes):
         mini = kept.select(part)
-        n_tokens = float(mini.response_mask.sum())
-
-        def loss_fn(lp, sub, part=part, mini=mini, n_tokens=n_tokens):
-            def sl(x):
-                return x[part][sub]
-
-            return algorithm.policy_loss(
-                PolicyLossInputs(
-                    log_probs=lp.log_probs,
-                    old_log_probs=sl(old),
-                    advantages=sl(advantages),
-                    response_mask=mini.response_mask[sub],
-                    entropy=lp.entropy,
-                    global_num_tokens=n_tokens,
-                    global_num_sequences=float(len(mini)),
-                )
-            )
-
+        loss_fn = policy_loss_fn(
+            algorithm, old_log_probs=old[part], advantages=advantages[part], response_mask=mini.response_mask,
+            global_num_tokens=float(mini.response_mask.sum()), global_num_sequences=float(len(mini)),
+        )
         for name, value in backend.train_step(mini, loss_fn).items():
             sums[name] = sums.get(name, 0.0) + float(value)
     return {name: value / len(sizes) for name, value in sums.items()}

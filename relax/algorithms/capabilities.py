@@ -50,7 +50,9 @@ CAPABILITIES: dict[str, Capability] = {
         Capability("min_group_size", int, 1, "lower bound on --n-samples-per-prompt", minimum=1),
         Capability(
             "supports_async", bool, True,
-            "advantages can be computed by the single advantages service without whole-batch statistics",
+            "learns from samples drawn by an older policy version: --fully-async with --max-staleness > 0 "
+            "and --off-policy-correction are refused otherwise (the advantages stage always sees whole "
+            "mini-batches, so batch statistics are not a reason to refuse)",
         ),
         Capability(
             "advantage_normalization", str, "optional",

@@ -24,7 +24,7 @@ from relax.algorithms.flags import (
     reward_key_name,
     unit_interval,
 )
-from relax.algorithms.numerics import KL_ESTIMATORS, LOSS_AGGREGATIONS
+from relax.algorithms.numerics import KL_ESTIMATORS, LOSS_AGGREGATIONS, OFF_POLICY_CORRECTIONS
 
 GDPO_BASELINES = ("mean", "leave_one_out")
 GDPO_WHITEN_UNITS = ("sample", "token")
@@ -172,6 +172,17 @@ class AlgorithmConfig:
             "per-token loss); seq_mean_token_mean / seq_mean_token_sum = per sequence first",
             group="algorithm", choices=LOSS_AGGREGATIONS),
     )
+    # correction of samples drawn by an older policy (asynchronous training)
+    off_policy_correction: str = attrs.field(
+        default="none", validator=_one_of(OFF_POLICY_CORRECTIONS), metadata=flag(
+            "how the loss corrects for samples drawn by an older (behaviour) policy: none, tis "
+            "(truncated importance sampling: each token's loss x min(pi_old / pi_behaviour, cap)) or "
+            "decoupled (decoupled PPO: x pi_old / pi_behaviour, tokens above the cap masked)",
+            group="asynchronous training", choices=OFF_POLICY_CORRECTIONS),
+    )
+    off_policy_cap: float = attrs.field(default=2.0, validator=_positive, metadata=flag(
+        "the importance-weight cap of --off-policy-correction", group="asynchronous training",
+        type=positive_float))
     # SAPO soft gate temperatures
     sapo_tau_pos: float = attrs.field(default=1.0, validator=_positive, metadata=flag(
         "SAPO gate temperature for positive advantages", group="algorithm", type=positive_float))

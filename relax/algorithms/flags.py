@@ -124,6 +124,13 @@ def open_unit_interval(text) -> float:
     return value
 
 
+def non_negative_int(text) -> int:
+    value = _number(text, int)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text!r}")
+    return value
+
+
 def positive_int(text) -> int:
     value = _number(text, int)
     if value < 1:

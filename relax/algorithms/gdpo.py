@@ -109,7 +109,6 @@ class GDPO(GRPO):
     requires_rewards_normalization = True
     forbids_reward_side_kl = True
     allows_reward_post_process_hooks = False
-    supports_async = False  # step 3 needs whole mini-batches (and the data-parallel group)
     hyperparameters = (
         ("n_samples_per_prompt", "reward_keys", "reward_weights", "gdpo_preset")
         + _AXES + PPO_CLIP_HYPERPARAMETERS + LOSS_TERM_HYPERPARAMETERS

@@ -20,7 +20,8 @@ from relax.algorithms.types import AdvantageInputs, PolicyLossInputs, PolicyLoss
 # still reads.
 PPO_CLIP_HYPERPARAMETERS = ("eps_clip", "eps_clip_high", "eps_clip_c")
 LOSS_TERM_HYPERPARAMETERS = (
-    "use_kl_loss", "kl_loss_coef", "kl_loss_type", "entropy_coef", "loss_aggregation",
+    "use_kl_loss", "kl_loss_coef", "kl_loss_type", "entropy_coef", "loss_aggregation", "off_policy_correction",
+    "off_policy_cap",
 )
 
 
@@ -91,6 +92,19 @@ class GRPO(RLAlgorithm):
         loss, flags = numerics.ppo_clip_loss(log_ratio, advantages, c.eps_clip, c.eps_clip_high, c.eps_clip_c)
         return loss, flags, {}
 
+    def _correct_off_policy(self, inputs, mask, old, per_token, flags):
+        """Weight the per-token loss by ``numerics.behaviour_weights`` (``--off-policy-correction``)."""
+        c = self.config
+        if inputs.rollout_log_probs is None:
+            raise ValueError(
+                f"--off-policy-correction {c.off_policy_correction} needs PolicyLossInputs.rollout_log_probs (the "
+                "rollout's sampling log-probs), which is None"
+            )
+        behaviour = inputs.rollout_log_probs.masked_fill(~mask, 0.0)
+        weight, capped = numerics.behaviour_weights(old.detach(), behaviour, c.off_policy_correction, c.off_policy_cap)
+        weight = weight.masked_fill(~mask, 0.0)
+        return per_token * weight, {**flags, "off_policy_capped_frac": capped & mask}, {"off_policy_weight": weight}
+
     def policy_loss(self, inputs: PolicyLossInputs) -> PolicyLossOutput:
         c = self.config
         mask = inputs.response_mask.to(torch.bool)
@@ -104,10 +118,14 @@ class GRPO(RLAlgorithm):
 
         log_ratio = self.log_ratio(logp, old.detach(), mask)
         per_token, flags, scalars = self.surrogate(logp, log_ratio, adv.detach(), mask)
+        off_policy = {}
+        if c.off_policy_correction != "none":
+            per_token, flags, off_policy = self._correct_off_policy(inputs, mask, old, per_token, flags)
         pg_loss = agg(per_token)
         loss = pg_loss
         metrics = {"pg_loss": pg_loss.detach(), "ppo_kl": agg(-log_ratio).detach()}
         metrics.update({k: agg(v.to(per_token.dtype)).detach() for k, v in flags.items()})
+        metrics.update({k: agg(v).detach() for k, v in off_policy.items()})
         if scalars:
             # Per-batch statistics are not shares by themselves: weight them by this micro-batch's
             # share of the global valid tokens so that summing over micro-batches and ranks gives

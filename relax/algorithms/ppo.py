@@ -20,7 +20,9 @@ class PPO(GRPO):
     paper = "Schulman et al. 2017 (arXiv:1707.06347); Ouyang et al. 2022 (arXiv:2203.02155)"
     needs_critic = True
     group_relative = False
-    supports_async = False  # the critic trains in lock-step with the actor
+    # Not validated with stale samples: the critic's value targets would come from a newer
+    # policy than the samples' (no correction for that exists here yet).
+    supports_async = False
     hyperparameters = (
         "reward_keys", "reward_weights", "kl_coef", "gamma", "lam", "normalize_advantages",
     ) + PPO_CLIP_HYPERPARAMETERS + LOSS_TERM_HYPERPARAMETERS

@@ -24,7 +24,6 @@ class ReinforcePlusPlus(GRPO):
     paper = "Hu et al. 2025, REINFORCE++ (arXiv:2501.03262)"
     group_relative = False
     advantage_normalization = "required"
-    supports_async = False  # the normalization needs the statistics of the whole batch
     hyperparameters = (
         ("reward_keys", "reward_weights", "kl_coef", "gamma", "normalize_advantages")
         + PPO_CLIP_HYPERPARAMETERS + LOSS_TERM_HYPERPARAMETERS
@@ -55,7 +54,6 @@ class ReinforcePlusPlusBaseline(GRPO):
     min_group_size = 2
     forbids_reward_side_kl = True
     allows_reward_post_process_hooks = False
-    supports_async = False
     hyperparameters = (
         ("n_samples_per_prompt", "reward_keys", "reward_weights", "normalize_advantages")
         + PPO_CLIP_HYPERPARAMETERS + LOSS_TERM_HYPERPARAMETERS

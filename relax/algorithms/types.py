@@ -6,6 +6,8 @@ boolean ``response_mask``; positions where the mask is false never contribute to
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Mapping
 
 import attrs
@@ -92,6 +94,84 @@ class PolicyLossInputs:
             t = getattr(self, name)
             if t is not None and t.shape != shape:
                 raise ValueError(f"{name} must have the shape of response_mask {tuple(shape)}, got {tuple(t.shape)}")
+        for name in ("global_num_tokens", "global_num_sequences"):
+            _check_divisor(name, getattr(self, name))
+        # A NaN/inf advantage on a valid token would silently poison the loss (or flip its sign).
+        if self.advantages.is_floating_point():
+            bad = ~torch.isfinite(self.advantages) & self.response_mask.bool()
+            if bool(bad.any()):
+                row, col = (int(i) for i in bad.nonzero()[0])
+                raise ValueError(
+                    f"advantages must be finite on every valid token; {int(bad.sum())} are not, the first at "
+                    f"sample {row}, token {col}: {self.advantages[row, col].item()} (check the method's "
+                    "normalize_rewards / compute_advantages)"
+                )
+
+
+def _check_divisor(name: str, value) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number (a count of the whole mini-batch) or None, got {value!r}")
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(
+            f"{name} must be a positive finite count (the loss is divided by it), got {value!r}; a batch "
+            "without valid tokens has no loss to normalize"
+        )
+
+
+class AlgorithmOutputError(ValueError):
+    """An algorithm stage (a user's override, typically) returned something relax cannot train on.
+
+    The message names the class, the method and, when known, the training step."""
+
+
+def _where(algorithm, method: str, step: int | None) -> str:
+    return f"{type(algorithm).__name__}.{method}" + (f" at step {step}" if step is not None else "")
+
+
+def check_normalized_rewards(algorithm, normalized, expected_shape, *, step: int | None = None) -> None:
+    """The output of ``algorithm.normalize_rewards``: a float ``[N]`` tensor, finite everywhere."""
+    where = _where(algorithm, "normalize_rewards", step)
+    if not isinstance(normalized, torch.Tensor):
+        raise AlgorithmOutputError(f"{where} returned a {type(normalized).__name__}; it must return a float tensor [N]")
+    if tuple(normalized.shape) != tuple(expected_shape):
+        raise AlgorithmOutputError(
+            f"{where} returned shape {tuple(normalized.shape)}, expected {tuple(expected_shape)} (one scalar per sample)"
+        )
+    if not normalized.is_floating_point():
+        raise AlgorithmOutputError(
+            f"{where} returned a {normalized.dtype} tensor; it must return floats (e.g. rewards.float())"
+        )
+    bad = ~torch.isfinite(normalized)
+    if bool(bad.any()):
+        i = int(bad.nonzero()[0, 0])
+        raise AlgorithmOutputError(
+            f"{where} returned {int(bad.sum())} non-finite value(s), the first at sample {i}: "
+            f"{normalized[i].item()} (e.g. a division by a zero standard deviation)"
+        )
+
+
+def check_policy_loss_output(algorithm, output, *, step: int | None = None) -> None:
+    """The output of ``algorithm.policy_loss``: a ``PolicyLossOutput`` whose loss is a finite scalar."""
+    where = _where(algorithm, "policy_loss", step)
+    if not isinstance(output, PolicyLossOutput):
+        raise AlgorithmOutputError(
+            f"{where} returned a {type(output).__name__}; it must return PolicyLossOutput(loss=..., metrics=...)"
+        )
+    loss = output.loss
+    if not isinstance(loss, torch.Tensor):
+        raise AlgorithmOutputError(f"{where} returned a loss of type {type(loss).__name__}; it must be a tensor")
+    if loss.dim() != 0:
+        raise AlgorithmOutputError(
+            f"{where} returned a loss of shape {tuple(loss.shape)}; it must be a scalar (reduce it, e.g. .sum())"
+        )
+    if not loss.is_floating_point():
+        raise AlgorithmOutputError(f"{where} returned a {loss.dtype} loss; it must be a float tensor")
+    if not bool(torch.isfinite(loss.detach())):
+        raise AlgorithmOutputError(
+            f"{where} returned a non-finite loss ({loss.item()}); the weights were not updated with it"
+        )
 
 
 @attrs.frozen

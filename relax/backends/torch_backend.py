@@ -18,6 +18,7 @@ already a mean over the whole batch's worth of data (e.g. normalised by local co
 from __future__ import annotations
 
 import copy
+import importlib.util
 import math
 from collections.abc import Mapping
 
@@ -25,6 +26,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from relax.backends import optim
 from relax.backends.base import LossFn, TrainingBackend
 from relax.models.batch import (
     ForwardLogits,
@@ -39,13 +41,49 @@ from relax.models.value import response_values
 
 def config_errors(config) -> list[str]:
     """What a ``RunConfig`` asks of ``--backend torch`` that it cannot do."""
+    errors = optim.config_errors(config) + lora_config_errors(config)
     tp, pp = config.tensor_model_parallel_size, config.pipeline_model_parallel_size
     if tp != 1 or pp != 1:
-        return [
+        errors.append(
             f"--tensor-model-parallel-size / --pipeline-model-parallel-size ({tp} / {pp}) need "
             f"--backend megatron; the {config.backend} backend is data-parallel only"
-        ]
-    return []
+        )
+    return errors
+
+
+_LORA_DEFAULTS = {"lora_alpha": ("--lora-alpha", 16.0), "lora_dropout": ("--lora-dropout", 0.0),
+                  "lora_target_modules": ("--lora-target-modules", ("all-linear",))}
+
+
+def lora_config_errors(config) -> list[str]:
+    """``--lora-*`` checks: the adapter flags need ``--lora-rank``, which needs ``--hf-checkpoint`` and peft."""
+    if not config.lora_rank:
+        return [f"{name} has no effect without --lora-rank" for field, (name, default) in _LORA_DEFAULTS.items()
+                if getattr(config, field) != default]
+    errors = []
+    if not config.hf_checkpoint:
+        errors.append("--lora-rank adapts a Hugging Face model: give --hf-checkpoint (the built-in model trains whole)")
+    if importlib.util.find_spec("peft") is None:
+        errors.append("--lora-rank needs the 'peft' package, which is not installed: pip install 'relax-rl[lora]'")
+    return errors
+
+
+def enable_recompute(model: nn.Module) -> None:
+    """``--recompute-activations``: checkpoint every transformer block of ``model`` (the built-in
+    ``TinyCausalLM``, a transformers ``*ForCausalLM``, or a ``ValueModel`` on either)."""
+    target = getattr(model, "trunk", model)  # a ValueModel recomputes its trunk
+    if hasattr(target, "activation_checkpointing_enable"):  # transformers >= 5.x's name
+        target.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    elif hasattr(target, "gradient_checkpointing_enable"):  # TinyCausalLM, older transformers
+        target.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        raise TypeError(f"--recompute-activations: {type(target).__name__} has no gradient_checkpointing_enable()")
+
+
+def _options(config, schedule: optim.LRSchedule) -> dict:
+    """The constructor's optimizer / precision options from a ``RunConfig``."""
+    return dict(lr=schedule.peak, schedule=schedule, weight_decay=config.weight_decay, bf16=config.bf16,
+                **optim.adam_kwargs(config))
 
 
 class TorchBackend(TrainingBackend):
@@ -57,6 +95,12 @@ class TorchBackend(TrainingBackend):
     ``ValueModel`` and the loss receives ``TokenValues`` instead of log-probs (PPO's critic).
 
     Every rank holds the whole model, so rank 0 alone answers ``state_dict`` / ``export_weights``.
+
+    From a ``RunConfig`` (``for_policy`` / ``for_critic``): AdamW with ``--weight-decay`` on all but
+    biases and norms and the ``--adam-*`` flags, the learning-rate ``schedule`` (``relax.backends.optim``)
+    applied before each step, ``--bf16`` autocast over float32 weights, ``--recompute-activations``,
+    and ``--lora-rank`` (a ``peft`` model: only the adapter trains, and ``export_weights`` /
+    ``state_dict`` hold the adapter payload of ``relax.models.hf.lora``).
     """
 
     name = "torch"
@@ -66,14 +110,23 @@ class TorchBackend(TrainingBackend):
     def for_policy(cls, config, model: nn.Module, *, process_group=None) -> "TorchBackend":
         from relax.models.factory import forward_logits_fn
 
-        return cls(model, lr=config.lr, clip_grad=config.clip_grad, temperature=config.rollout_temperature,
-                   process_group=process_group, forward_logits=forward_logits_fn(config))
+        if config.recompute_activations:
+            enable_recompute(model)
+        if config.lora_rank:
+            from relax.models.hf.lora import wrap_with_lora
+
+            model = wrap_with_lora(model, rank=config.lora_rank, alpha=config.lora_alpha,
+                                   dropout=config.lora_dropout, target_modules=config.lora_target_modules)
+        return cls(model, clip_grad=config.clip_grad, temperature=config.rollout_temperature,
+                   process_group=process_group, forward_logits=forward_logits_fn(config),
+                   **_options(config, optim.lr_schedule(config)))
 
     @classmethod
     def for_critic(cls, config, model: nn.Module, *, process_group=None) -> "TorchBackend":
-        return cls(model, lr=config.critic_lr, clip_grad=config.clip_grad, process_group=process_group,
-                   value_head=True)
-
+        if config.recompute_activations:
+            enable_recompute(model)
+        return cls(model, clip_grad=config.clip_grad, process_group=process_group, value_head=True,
+                   **_options(config, optim.lr_schedule(config, peak=config.critic_lr)))
 
     def __init__(
         self,
@@ -89,6 +142,8 @@ class TorchBackend(TrainingBackend):
         dp_grad_reduction: str = "sum",
         forward_logits: ForwardLogits = default_forward_logits,
         value_head: bool = False,
+        schedule: optim.LRSchedule | None = None,
+        bf16: bool = False,
     ):
         if dp_grad_reduction not in ("sum", "mean"):
             raise ValueError(f"dp_grad_reduction must be 'sum' or 'mean', got {dp_grad_reduction!r}")
@@ -96,8 +151,12 @@ class TorchBackend(TrainingBackend):
             raise ValueError(f"temperature must be > 0, got {temperature}")
         self.model = model
         self.optimizer = torch.optim.AdamW(
-            [p for p in model.parameters() if p.requires_grad], lr=lr, betas=betas, weight_decay=weight_decay, eps=eps
+            optim.param_groups(model.named_parameters(), weight_decay), lr=lr, betas=betas,
+            weight_decay=weight_decay, eps=eps,
         )
+        # None or constant: the optimizer's own rate, never touched (bit-identical to no schedule).
+        self.schedule = None if schedule is None or schedule.is_constant else schedule
+        self.bf16 = bf16
         self.clip_grad = clip_grad
         self.temperature = temperature
         self.process_group = process_group
@@ -124,10 +183,17 @@ class TorchBackend(TrainingBackend):
 
     def _forward(self, batch: TokenBatch, *, with_entropy: bool) -> TokenLogProbs | TokenValues:
         batch = _to_device(batch, self.device)
-        if self.value_head:
-            return TokenValues(values=response_values(self.model, batch))
-        logits = self.forward_logits(self.model, batch.input_ids, batch.attention_mask, batch.position_ids)
+        with self._autocast():
+            if self.value_head:
+                return TokenValues(values=response_values(self.model, batch))
+            logits = self.forward_logits(self.model, batch.input_ids, batch.attention_mask, batch.position_ids)
+        # float32 log-softmax (outside autocast) whatever the compute precision
         return response_log_probs(logits, batch, with_entropy=with_entropy, temperature=self.temperature)
+
+    def _autocast(self):
+        """``--bf16``: the forward (and so the backward) computes in bfloat16 while the parameters,
+        their gradients and the Adam state stay float32 (autocast casts weights per operation)."""
+        return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16, enabled=self.bf16)
 
     @torch.no_grad()
     def compute_log_probs(
@@ -182,10 +248,13 @@ class TorchBackend(TrainingBackend):
                 f"non-finite gradient norm ({grad_norm}) at optimizer step {self.step + 1} (loss {total_loss}); "
                 "the step was not applied. Lower --lr or check the rewards/advantages for extreme values."
             )
+        if self.schedule is not None:
+            optim.set_learning_rate(self.optimizer, self.schedule.lr(self.step))
         self.optimizer.step()
         self.step += 1
         metrics = dict(sums)
-        metrics.update(loss=total_loss, grad_norm=grad_norm, lr=self.optimizer.param_groups[0]["lr"])
+        metrics.update(loss=total_loss, grad_norm=grad_norm, lr=self.optimizer.param_groups[0]["lr"],
+                       optimizer_state_mib=optim.optimizer_state_bytes(self.optimizer) / 2**20)
         return metrics
 
     def _all_reduce_gradients(self, params: list[torch.Tensor]) -> None:
@@ -206,10 +275,18 @@ class TorchBackend(TrainingBackend):
             p.grad.copy_(flat[offset : offset + n].view_as(p.grad))
             offset += n
 
+    @property
+    def lora(self) -> bool:
+        """Does this backend train LoRA adapters (a ``peft`` model, ``--lora-rank``)?"""
+        return hasattr(self.model, "peft_config")
+
     def state_dict(self) -> dict:
+        """``model``: the whole weights, or with LoRA only the adapter payload (what the rollout and
+        the Hugging Face export merge into the base checkpoint)."""
         return {
-            "model": {k: v.detach().clone() for k, v in self.model.state_dict().items()},
+            "model": self.export_weights() if self.lora else {k: v.detach().clone() for k, v in self.model.state_dict().items()},
             "optimizer": copy.deepcopy(self.optimizer.state_dict()),
+            "optimizer_param_names": optim.param_names(self.model, self.optimizer),
             "step": self.step,
         }
 
@@ -217,11 +294,27 @@ class TorchBackend(TrainingBackend):
         missing = {"model", "optimizer", "step"} - set(state)
         if missing:
             raise KeyError(f"TorchBackend state is missing {sorted(missing)}; was it saved by TorchBackend.state_dict()?")
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(copy.deepcopy(state["optimizer"]))
+        if self.lora:
+            from relax.models.hf.lora import load_adapter
+
+            load_adapter(self.model, state["model"])
+        else:
+            self.model.load_state_dict(state["model"])
+        names = optim.param_names(self.model, self.optimizer)
+        # Checkpoints from before the name list held one group of the trainable parameters in order.
+        saved_names = state.get("optimizer_param_names") or [n for n, p in self.model.named_parameters()
+                                                              if p.requires_grad]
+        self.optimizer.load_state_dict(
+            optim.regrouped_state(copy.deepcopy(state["optimizer"]), saved_names, self.optimizer, names))
         self.step = int(state["step"])
 
     def export_weights(self) -> dict[str, torch.Tensor]:
+        """The whole weights in the model's own names; with LoRA only the adapter payload
+        (``relax.models.hf.lora``): the rollout merges it into its copy of the base model."""
+        if self.lora:
+            from relax.models.hf.lora import adapter_payload
+
+            return adapter_payload(self.model)
         return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
 
 

@@ -42,7 +42,17 @@ GROUPS = (
     ("sampling", None),
     ("model and data", None),
     ("placement and backends", None),
+    (
+        "asynchronous training",
+        (
+            "with --fully-async the rollout of step t samples with the policy trained up to step "
+            "t - 1 - K (K = --max-staleness), so generation overlaps training; K = 0 is the synchronous "
+            "schedule exactly. The rollout waits rather than getting more than K versions ahead: no "
+            "sample is ever dropped for staleness."
+        ),
+    ),
     ("outputs", None),
+    ("logging", "Trackers, the --no-progress summary line and sample completions (docs/en/tracking.md)."),
     (CONFIG_FILE_GROUP, None),
     (GDPO_GROUP, None),
 )

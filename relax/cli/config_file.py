@@ -8,7 +8,9 @@ For an on/off flag whose name differs from its dest, ``true`` means "the flag is
 Values go through the same type checks as on the command line; flags on the command line override
 the file (the file's values become the parser's defaults), and the merged result is validated like
 any other configuration. The effective configuration is written to ``<output_dir>/config.yaml`` in
-dest names, so it can be passed back with ``--config`` to repeat a run.
+dest names, so it can be passed back with ``--config`` to repeat a run (with a new ``--output-dir``:
+the run's own directory is refused, see ``relax.runtime.run_dir``; ``overwrite_output_dir`` is always
+written as false).
 """
 
 from __future__ import annotations
@@ -89,11 +91,29 @@ def _convert(action: argparse.Action, key: str, value: Any) -> Any:
     return value
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """A YAML loader that refuses a key written twice (plain YAML silently keeps the last value)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict = {}
+        for key_node, _ in node.value:
+            try:
+                key = self.construct_object(key_node, deep=deep)
+                first = seen.setdefault(key, key_node.start_mark.line + 1)
+            except TypeError:  # an unhashable key: let PyYAML report it
+                continue
+            if first != key_node.start_mark.line + 1:
+                raise ConfigFileError(
+                    f"key {key!r} is written twice (lines {first} and {key_node.start_mark.line + 1}); keep one"
+                )
+        return super().construct_mapping(node, deep)
+
+
 def read_config_file(path: str | Path, parser: argparse.ArgumentParser) -> dict[str, Any]:
     """Parse ``path`` and return ``{dest: value}`` checked against ``parser``'s flags."""
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.load(path.read_text(), Loader=_UniqueKeyLoader)  # a SafeLoader subclass
     except OSError as exc:
         raise ConfigFileError(f"cannot read {path}: {exc.strerror or exc}") from None
     except yaml.YAMLError as exc:
@@ -144,6 +164,13 @@ def write_effective_config(config: RunConfig, path: str | Path | None = None) ->
         path = Path(config.output_dir) / EFFECTIVE_CONFIG_NAME
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    header = "# Effective relax configuration; repeat the run with: relax train --config this-file\n"
-    path.write_text(header + yaml.safe_dump(config_to_dict(config), sort_keys=False))
+    header = (
+        "# Effective relax configuration. Repeat the run with\n"
+        "#   relax train --config this-file --output-dir NEW_DIR\n"
+        "# (relax refuses to write over this run's directory: resume it with --load, or replace it with\n"
+        "# --overwrite-output-dir, which this file never sets).\n"
+    )
+    values = config_to_dict(config)
+    values["overwrite_output_dir"] = False  # reusing this file must never delete the run it describes
+    path.write_text(header + yaml.safe_dump(values, sort_keys=False))
     return path

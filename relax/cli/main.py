@@ -1,15 +1,20 @@
-"""``relax`` entry point: ``relax train`` and ``relax algorithms``.
+"""``relax`` entry point: ``relax train``, ``relax algorithms`` and ``relax plot``.
 
 A rejected configuration exits with status 2 and the message on stderr (the argparse convention),
-before any process starts; ray is imported only once ``relax train`` hands an accepted configuration
-to ``relax.runtime.train.run``.
+before any process starts: validation (``validation.py``), then pre-flight (``preflight.py``: data,
+tokenizer, model directory, reward function, output directory, checkpoint), both also in
+``--dry-run``. ray is imported only once ``relax train`` hands an accepted configuration to
+``relax.runtime.train.run``. A failure at run time exits with status 1 and one ``relax train: error:``
+line; Ctrl-C exits with 130 and SIGTERM with 143, both after the same clean shutdown.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
 
 import yaml
 
@@ -17,6 +22,8 @@ from relax.cli.algorithms_cmd import add_algorithms_arguments, run_algorithms
 from relax.cli.arguments import HelpFormatter, add_train_arguments
 from relax.cli.build import build_run_config
 from relax.cli.config_file import ConfigFileError, config_to_dict, read_config_file, write_effective_config
+from relax.cli.plot import add_plot_arguments, run_plot, write_run_plot
+from relax.cli.preflight import PreflightError, preflight
 from relax.cli.validation import ConfigError, resolve_batch_shape, validate
 from relax.runtime.config import RunConfig
 
@@ -58,7 +65,13 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
         description="List the registered RL methods and their capabilities, or show one of them.",
     )
     add_algorithms_arguments(algorithms)
-    return parser, {"train": train, "algorithms": algorithms}
+    plot = commands.add_parser(
+        "plot",
+        help="plot the reward curves of one or several runs",
+        description="Per-component reward curves against step and wall time; several runs are overlaid.",
+    )
+    add_plot_arguments(plot)
+    return parser, {"train": train, "algorithms": algorithms, "plot": plot}
 
 
 def prepare_train_config(argv: list[str], parser, train_parser) -> tuple[RunConfig, argparse.Namespace]:
@@ -85,13 +98,61 @@ def prepare_train_config(argv: list[str], parser, train_parser) -> tuple[RunConf
     return config, args
 
 
-def run_train(config: RunConfig):
-    """Write ``<output_dir>/config.yaml`` and start the runtime (imported here: it imports ray)."""
-    path = write_effective_config(config)
-    print(f"relax train: effective configuration written to {path}", file=sys.stderr)
-    from relax.runtime.train import run
+def run_preflight(config: RunConfig, train_parser) -> None:
+    """Pre-flight checks (``relax.cli.preflight``); exits with status 2 on the first problem."""
+    from relax.algorithms import load_algorithm
 
-    return run(config)
+    try:
+        warnings = preflight(config, load_algorithm(config.advantage_estimator))
+    except PreflightError as exc:
+        train_parser.error(str(exc))
+    for warning in warnings:
+        print(f"{train_parser.prog}: warning: {warning}", file=sys.stderr)
+
+
+def run_train(config: RunConfig):
+    """Lock the output directory, write ``<output_dir>/config.yaml`` and start the runtime (imported
+    here: it imports ray). The lock is taken first, so a second run on the same directory is refused
+    before it touches the first one's files."""
+    from relax.runtime.config import output_dir_of
+    from relax.runtime.run_dir import lock_run_dir
+
+    lock = lock_run_dir(output_dir_of(config), resuming=bool(config.load), overwrite=config.overwrite_output_dir)
+    try:
+        path = write_effective_config(config)
+        print(f"relax train: effective configuration written to {path}", file=sys.stderr)
+        from relax.runtime.train import run
+
+        try:
+            return run(config)
+        finally:
+            write_run_plot(config.output_dir)  # <output_dir>/rewards.png when matplotlib is installed
+    finally:
+        lock.release()
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, delivered as a KeyboardInterrupt so that the run shuts down exactly like on Ctrl-C."""
+
+
+def _on_sigterm(signum, frame):
+    raise _Terminated()
+
+
+def _run_error_message(exc: BaseException) -> str | None:
+    """One line for a failure relax knows how to describe, else None (the traceback is shown)."""
+    from relax.runtime.checkpoints import CheckpointError
+    from relax.runtime.cluster import WorkerDied
+
+    if isinstance(exc, WorkerDied):
+        cause = getattr(exc.__cause__, "cause", None)  # a RayTaskError's original exception
+        if isinstance(cause, BaseException):
+            head = str(exc).split(":", 1)[0]  # "the rollout worker failed"
+            return f"{head}: {type(cause).__name__}: {cause}"
+        return str(exc).split("\n", 1)[0]
+    if isinstance(exc, (CheckpointError, ConnectionError)):
+        return str(exc)
+    return None
 
 
 def _make_cwd_importable() -> None:
@@ -108,17 +169,40 @@ def main(argv: list[str] | None = None) -> int:
     _make_cwd_importable()
     parser, subparsers = build_parser()
     if argv[:1] == ["train"]:
-        config, args = prepare_train_config(argv, parser, subparsers["train"])
+        train_parser = subparsers["train"]
+        config, args = prepare_train_config(argv, parser, train_parser)
+        run_preflight(config, train_parser)
         if args.dry_run:
             print(yaml.safe_dump(config_to_dict(config), sort_keys=False), end="")
             return 0
+        from relax.runtime.run_dir import RunDirError
+
+        previous = None
+        if threading.current_thread() is threading.main_thread():
+            previous = signal.signal(signal.SIGTERM, _on_sigterm)
         try:
             run_train(config)
+        except RunDirError as exc:  # another run took the directory after pre-flight
+            train_parser.error(str(exc))
+        except _Terminated:
+            print("relax train: terminated (SIGTERM); the workers were shut down", file=sys.stderr)
+            return 143
         except KeyboardInterrupt:  # the runtime has already shut its processes down cleanly
             print("relax train: interrupted", file=sys.stderr)
             return 130
+        except Exception as exc:
+            message = _run_error_message(exc)
+            if message is None:
+                raise
+            print(f"relax train: error: {message}", file=sys.stderr)
+            return 1
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
         return 0
     args = parser.parse_args(argv)
+    if args.command == "plot":
+        return run_plot(args, subparsers["plot"])
     if args.command == "algorithms":
         return run_algorithms(args, subparsers["algorithms"])
     parser.error(f"unknown command {args.command!r}")  # unreachable: argparse checks choices

@@ -35,6 +35,9 @@ class ConfigError(ValueError):
         self.errors = list(errors)
         super().__init__("\n".join(self.errors))
 
+    def __reduce__(self):  # picklable with its list of errors intact
+        return (type(self), (self.errors,))
+
 
 def describe(algorithm: type[RLAlgorithm], algorithm_spec: str) -> str:
     """How messages refer to the method: its class name and the flag value that chose it."""
@@ -204,9 +207,22 @@ def _check_reward_components(config, algorithm, who, errors, warnings):
         return
     distinct = tuple(dict.fromkeys(keys))
     if len(distinct) < 2:
+        example = f"{_example_keys(keys)}, components your --custom-rm-path function returns in a mapping"
+        if not config.custom_rm_path:  # the built-in task scores: its own components are a fix too
+            from relax.cli.build import default_reward_keys
+
+            try:
+                task_keys = default_reward_keys(config.task)
+            except ConfigError:
+                task_keys = ()
+            if len(task_keys) >= 2:
+                example = (
+                    f"{_example_keys(keys)} with a --custom-rm-path function that returns those components, "
+                    f"or --reward-keys {' '.join(task_keys)} (the components of --task {config.task})"
+                )
         errors.append(
             f"{who} needs at least two reward keys (it normalizes each reward component separately), got "
-            f"{len(distinct)} ({' '.join(distinct)}); pass e.g. --reward-keys {_example_keys(keys)}"
+            f"{len(distinct)} ({' '.join(distinct)}); pass e.g. --reward-keys {example}"
         )
     if all(w == 0 for w in weights):
         errors.append(
@@ -290,6 +306,46 @@ def _check_backend(config, algorithm, who, errors, warnings):
     errors.extend(backend_config_errors(config))
 
 
+def _check_logging(config, algorithm, who, errors, warnings):
+    """The trackers' packages are there (they are an optional extra), and no logging flag is given
+    where it does nothing (relax.runtime.trackers, docs/en/tracking.md)."""
+    import importlib.util
+
+    for on, package, switch in ((config.use_tensorboard, "tensorboard", "--use-tensorboard"),
+                                (config.use_wandb, "wandb", "--use-wandb")):
+        if on and importlib.util.find_spec(package) is None:
+            errors.append(f"{switch} needs the {package} package: pip install 'relax-rl[tracking]'")
+    defaults = RunConfig()
+    if not config.use_wandb:
+        for name in ("wandb_project", "wandb_group", "wandb_run_name"):
+            if getattr(config, name) != getattr(defaults, name):
+                warnings.append(f"--{name.replace('_', '-')} has no effect without --use-wandb")
+    if config.progress and config.log_interval != defaults.log_interval:
+        warnings.append("--log-interval has no effect without --no-progress (the progress bar shows every step)")
+
+
+def _check_async(config, algorithm, who, errors, warnings):
+    if config.max_staleness is not None and not config.fully_async:
+        errors.append(f"--max-staleness {config.max_staleness} needs --fully-async (add it, or drop --max-staleness)")
+    if config.rollout_batch_size % config.rollout_num_workers:
+        errors.append(
+            f"--rollout-batch-size {config.rollout_batch_size} must be a multiple of --rollout-num-workers "
+            f"{config.rollout_num_workers} (each worker samples an equal slice of the step's prompts)"
+        )
+    if algorithm.supports_async:
+        return
+    why = " (requires_on_policy_updates = True)" if algorithm.requires_on_policy_updates else ""
+    for flag, used in (
+        ("--fully-async", config.fully_async),
+        (f"--off-policy-correction {config.algorithm.off_policy_correction}",
+         config.algorithm.off_policy_correction != "none"),
+    ):
+        if used:
+            errors.append(
+                f"{who} cannot learn from samples of an older policy (supports_async = False{why}): drop {flag}"
+            )
+
+
 # Fields every run reads (the rollout, the reward stage or the runtime), whatever the method.
 _FRAMEWORK_FIELDS = frozenset({"n_samples_per_prompt", "reward_keys", "reward_weights", "rewards_normalization"})
 
@@ -312,7 +368,18 @@ def _check_unused_hyperparameters(config, algorithm, who, errors, warnings):
             )
 
 
+# 0 .. 2**32 - 1: what every seeded generator accepts (torch, numpy, Python); each training rank adds
+# its rank to it. A larger value used to fail inside a worker ("Overflow when unpacking long long").
+SEED_MAX = 2**32 - 1
+
+
+def _check_seed(config, algorithm, who, errors, warnings):
+    if not 0 <= config.seed <= SEED_MAX:
+        errors.append(f"argument --seed: {config.seed} is out of range; use an integer from 0 to {SEED_MAX}")
+
+
 RULES = (
+    _check_seed,
     _check_kl,
     _check_normalization,
     _check_group_size,
@@ -321,6 +388,8 @@ RULES = (
     _check_loss,
     _check_batch,
     _check_backend,
+    _check_async,
+    _check_logging,
     _check_unused_hyperparameters,
 )
 

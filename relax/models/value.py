@@ -34,10 +34,7 @@ class ValueModel(nn.Module):
         if hasattr(t, "blocks"):  # TinyCausalLM: everything up to (and including) the final norm
             attention_mask = attention_mask.bool()
             allowed = t._allowed(attention_mask, 0, input_ids.shape[1])
-            x = t.tok_emb(input_ids) + t.pos_emb(position_ids)
-            for layer, block in enumerate(t.blocks):
-                x = block(x, allowed, layer, None)
-            return t.ln_f(x)
+            return t.hidden_states(input_ids, allowed, position_ids)
         decoder = t.get_decoder() if hasattr(t, "get_decoder") else t.base_model
         out = decoder(input_ids=input_ids, attention_mask=attention_mask.long(), position_ids=position_ids,
                       use_cache=False)

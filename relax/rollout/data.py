@@ -42,7 +42,9 @@ class PromptDataError(ValueError):
     """Bad rows in ``--prompt-data``; ``errors`` holds every ``(line, message)``."""
 
     def __init__(self, path: str, errors: list[tuple[int, str]], unit: str):
-        self.errors = errors
+        self.path = str(path)
+        self.errors = list(errors)
+        self.unit = unit
         shown = "\n".join(f"  {unit} {line}: {msg}" for line, msg in errors[:MAX_LISTED_ERRORS])
         more = (
             f"\n  ... and {len(errors) - MAX_LISTED_ERRORS} more" if len(errors) > MAX_LISTED_ERRORS else ""
@@ -51,6 +53,11 @@ class PromptDataError(ValueError):
             f"--prompt-data {path}: {len(errors)} bad {unit}{'s' if len(errors) != 1 else ''} "
             f"(fix or remove them; nothing is skipped silently):\n{shown}{more}"
         )
+
+    def __reduce__(self):
+        # Rebuilt from the constructor's arguments, so the error crosses Ray's process boundary intact
+        # (the default reduce would call ``PromptDataError(message)`` and fail).
+        return (type(self), (self.path, self.errors, self.unit))
 
 
 def read_rows(path: str | os.PathLike) -> tuple[list[tuple[int, Any]], str]:
@@ -64,8 +71,18 @@ def read_rows(path: str | os.PathLike) -> tuple[list[tuple[int, Any]], str]:
     suffix = p.suffix.lower()
     if suffix in (".jsonl", ".json"):
         rows = []
-        with p.open(encoding="utf-8") as f:
-            for number, line in enumerate(f, start=1):
+        with p.open("rb") as f:
+            for number, raw in enumerate(f, start=1):
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    rows.append((number, _Unparsable(
+                        f"not UTF-8 text (byte {raw[exc.start]:#04x} at column {exc.start + 1}); "
+                        "save the file as UTF-8"
+                    )))
+                    continue
+                if number == 1:
+                    line = line.removeprefix("\ufeff")  # a UTF-8 byte-order mark is not part of the row
                 if not line.strip():
                     continue  # blank lines (e.g. a trailing newline) hold no row
                 try:
@@ -81,8 +98,16 @@ def read_rows(path: str | os.PathLike) -> tuple[list[tuple[int, Any]], str]:
                 f"--prompt-data {str(path)!r} is a Parquet file, which needs pyarrow: pip install pyarrow "
                 "(or pip install 'relax-rl[hf]'), or convert the file to JSONL."
             ) from None
-        table = pq.read_table(str(p))
-        return [(i, row) for i, row in enumerate(table.to_pylist(), start=1)], "row"
+        try:
+            table = pq.read_table(str(p))
+            rows = table.to_pylist()
+        except Exception as exc:  # noqa: BLE001 - pyarrow raises ArrowInvalid, OSError, ... for a bad file
+            raise ValueError(
+                f"--prompt-data {str(path)!r} is not a readable Parquet file ({type(exc).__name__}: "
+                f"{str(exc).splitlines()[0] if str(exc) else 'no details'}); rewrite it (e.g. with pandas "
+                "DataFrame.to_parquet) or convert it to JSONL"
+            ) from None
+        return [(i, row) for i, row in enumerate(rows, start=1)], "row"
     raise ValueError(
         f"--prompt-data {str(path)!r}: unknown file type {suffix!r}; use a .jsonl file (one JSON object per "
         "line) or a .parquet file"
@@ -167,10 +192,16 @@ class PromptDataset:
             )
             warnings.warn(message, stacklevel=2)
             logger.warning(message)
+        if not rows:
+            raise ValueError(
+                f"--prompt-data {self.path}: the file holds no prompts "
+                + ("(it is empty or only blank lines); give a file with one JSON object per line"
+                   if self.unit == "line" else "(it has no rows); give a file with one row per prompt")
+            )
         if not prompts:
             raise ValueError(
-                f"--prompt-data {self.path}: no usable prompt ({len(rows)} rows, {len(too_long)} longer than "
-                f"--max-prompt-len {max_prompt_len})"
+                f"--prompt-data {self.path}: no usable prompt: all {len(rows)} prompts are longer than "
+                f"--max-prompt-len {max_prompt_len} tokens; raise --max-prompt-len"
             )
 
     def __len__(self) -> int:
@@ -227,8 +258,12 @@ class PromptDataset:
             messages = [{"role": "user", "content": value + self.prompt_suffix}]
         elif isinstance(value, list):
             if not self.apply_chat_template:
+                has_template = callable(getattr(self.tokenizer, "apply_chat_template", None))
                 raise _RowError(
                     f"--input-key {key!r} holds a list of messages; that needs --apply-chat-template"
+                    + ("" if has_template else
+                       f" and a tokenizer with a chat template (an --hf-checkpoint that has one; the "
+                       f"{type(self.tokenizer).__name__} has none), or plain-text prompts")
                 )
             messages = _check_messages(value, key)
             users = [i for i, m in enumerate(messages) if m["role"] == "user"]

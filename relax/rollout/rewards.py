@@ -18,6 +18,7 @@ import math
 import numbers
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -109,11 +110,15 @@ def call_reward_function(
     completions: Sequence[str],
     labels: Sequence[Any],
     metadata: Sequence[Mapping],
+    concurrency: int = 1,
 ) -> list:
-    """Call ``fn`` once per sample (sync or async) and return the raw values, in sample order.
+    """Call ``fn`` once per sample and return the raw values, in sample order.
 
-    A raising call becomes a ``RewardError`` naming the sample index and the function, chained to
-    the original exception.
+    A plain function runs in a pool of ``concurrency`` threads (1: one call after the other; a slow
+    judge, e.g. an HTTP call, then overlaps with the others); an ``async`` function's coroutines are
+    gathered on one event loop. Either way the values come back in sample order, so the result does
+    not depend on which call finished first. A raising call becomes a ``RewardError`` naming the
+    sample index and the function, chained to the original exception.
     """
     n = len(prompts)
     if not (len(completions) == len(labels) == len(metadata) == n):
@@ -122,26 +127,34 @@ def call_reward_function(
             f"{len(completions)}, labels={len(labels)}, metadata={len(metadata)}"
         )
     name = function_name(fn)
+
+    def failed(i: int, exc: BaseException) -> RewardError:
+        return RewardError(f"sample {i}: reward function {name} raised {type(exc).__name__}: {exc}")
+
+    def call(i: int):
+        return fn(prompts[i], completions[i], labels[i], metadata[i])
+
     values: list = [None] * n
-    pending: dict[int, Any] = {}
-    for i in range(n):
-        try:
-            value = fn(prompts[i], completions[i], labels[i], metadata[i])
-        except Exception as exc:
-            raise RewardError(
-                f"sample {i}: reward function {name} raised {type(exc).__name__}: {exc}"
-            ) from exc
-        if inspect.isawaitable(value):
-            pending[i] = value
-        else:
-            values[i] = value
+    if concurrency > 1 and n > 1:
+        with ThreadPoolExecutor(max_workers=min(concurrency, n), thread_name_prefix="relax-reward") as pool:
+            futures = [pool.submit(call, i) for i in range(n)]
+            for i, future in enumerate(futures):
+                try:
+                    values[i] = future.result()
+                except Exception as exc:
+                    raise failed(i, exc) from exc
+    else:
+        for i in range(n):
+            try:
+                values[i] = call(i)
+            except Exception as exc:
+                raise failed(i, exc) from exc
+    pending = {i: v for i, v in enumerate(values) if inspect.isawaitable(v)}
     if pending:
         results = _run_coroutines(list(pending.values()))
         for i, result in zip(pending, results):
             if isinstance(result, BaseException):
-                raise RewardError(
-                    f"sample {i}: reward function {name} raised {type(result).__name__}: {result}"
-                ) from result
+                raise failed(i, result) from result
             values[i] = result
     return values
 
@@ -219,7 +232,8 @@ def score(
     labels: Sequence[Any],
     metadata: Sequence[Mapping],
     reward_keys: Sequence[str],
+    concurrency: int = 1,
 ) -> torch.Tensor:
     """Call ``fn`` on every sample and return the checked float64 ``[N, K]`` reward matrix."""
-    values = call_reward_function(fn, prompts, completions, labels, metadata)
+    values = call_reward_function(fn, prompts, completions, labels, metadata, concurrency)
     return reward_matrix(values, reward_keys, function_name(fn))

@@ -26,7 +26,8 @@ from relax.models.factory import build_policy_model, build_reference_model, forw
 from relax.runtime.actor_metrics import STEP_METRICS_KEY, combine_actor_metrics
 from relax.runtime.fields import BATCH_FIELDS, AttachesDataPlane, token_batch
 from relax.runtime.losses import policy_loss_fn, zero_loss
-from relax.runtime.schedule import StepPlan, num_minibatches, plan_from_rollout, segment_slices
+from relax.runtime.rollouts import plan_from_rollouts
+from relax.runtime.schedule import StepPlan, num_minibatches, segment_slices, staleness_metrics
 from relax.runtime.weights import pack_weights
 
 
@@ -52,7 +53,12 @@ class ActorCore:
         self.data_plane = data_plane
         self.advantages_service = None  # the Serve handle; rank 0 sends it the step's request
         self.num_minibatches = num_minibatches(config)
+        # What the rollout writes besides the tokens: its sampling log-probs when the loss corrects
+        # for the behaviour policy, and each sample's policy version in asynchronous runs.
+        self.sample_fields = (("rollout_log_probs",) if config.algorithm.off_policy_correction != "none" else ()) + (
+            ("policy_version",) if config.fully_async else ())
         self._cache: dict | None = None
+        self._last_train_end: float | None = None
 
     def init_process_group(self, address: str) -> bool:
         """Join the process group of all actor ranks at ``tcp://address``, then build the backend on it."""
@@ -86,7 +92,8 @@ class ActorCore:
         # hands a sample to each task once. The rewards only when this rank computes the
         # advantages itself (else the deployment does).
         rewards = ("rewards",) if self.advantages_on_actor else ()
-        read = self.data_plane.read(step, BATCH_FIELDS + rewards + extra, f"actor{self.rank}", len(uids), uids)
+        fields = BATCH_FIELDS + rewards + self.sample_fields + extra
+        read = self.data_plane.read(step, fields, f"actor{self.rank}", len(uids), uids)
         batch = token_batch(read.fields) if uids else None
         return {"step": step, "read": read, "batch": batch, "fields": dict(read.fields),
                 "time/actor/data_read_s": time.perf_counter() - t0}
@@ -133,7 +140,9 @@ class ActorCore:
         """Rank 0 asks the Serve deployment for the whole step's advantages (None: not this rank's job)."""
         if self.advantages_on_actor or self.rank != 0 or not plan.num_groups or self.advantages_service is None:
             return None
-        return self.advantages_service.compute.remote(step, plan.num_groups, plan.segment_sizes, with_values, with_kl)
+        return self.advantages_service.compute.remote(
+            step, plan.num_groups, plan.segment_sizes, with_values, with_kl, plan.uids
+        )
 
     def _read_advantages(self, step: int, plan: StepPlan, shard: dict) -> None:
         """This shard's advantages as the deployment wrote them (the read waits until they are)."""
@@ -184,8 +193,11 @@ class ActorCore:
                 advantages=shard["fields"]["advantages"][rows].float(),
                 response_mask=sub.response_mask,
                 ref_log_probs=shard["ref_log_probs"][rows] if "ref_log_probs" in shard else None,
+                rollout_log_probs=(shard["fields"]["rollout_log_probs"][rows].float()
+                                   if "rollout_log_probs" in shard["fields"] else None),
                 global_num_tokens=tokens,
                 global_num_sequences=sequences,
+                step=shard["step"],
             )
         return self.backend.train_step(sub, loss_fn, micro_batch_size=self.config.micro_batch_size,
                                        with_entropy=self.config.algorithm.entropy_coef != 0.0)
@@ -205,6 +217,7 @@ class ActorCore:
         then reads its advantages from the data plane.
         """
         t0 = time.perf_counter()
+        idle = t0 - self._last_train_end if self._last_train_end is not None else 0.0
         shard, self._cache = self._cache, None
         fresh = shard is None or shard["step"] != step  # else prepare() has read it already
         if fresh:
@@ -231,7 +244,10 @@ class ActorCore:
         # rank of each model-parallel group hands them over (its peers hold the same numbers).
         metrics.update({f"actor/{k}": v for k, v in combine_actor_metrics([parts]).items()})
         metrics[STEP_METRICS_KEY] = parts if self.backend.writes_shared_fields else None
+        if "policy_version" in shard["fields"]:
+            metrics.update(staleness_metrics(step, shard["fields"]["policy_version"], self.config.staleness_bound))
         metrics.update({
+            "time/train_idle_s": idle,  # since this rank's previous step: waiting for samples
             "time/actor/read_s": t1 - t0,  # advantages request + shard read + old/reference log-probs
             "time/actor/request_s": t_request,
             "time/actor/data_read_s": shard["time/actor/data_read_s"],
@@ -239,6 +255,7 @@ class ActorCore:
             "time/actor/optimize_s": t2 - t_adv,
         })
         weights = self._rank0_of_collective(self.backend.export_weights) if return_weights else None
+        self._last_train_end = time.perf_counter()
         return metrics, weights
 
     # -- checkpoints ------------------------------------------------------------------------------
@@ -285,16 +302,16 @@ class ActorWorker(AttachesDataPlane, ActorCore):
         self.advantages_service = handle
         return True
 
-    def _plan(self, roll: dict) -> StepPlan:
-        return plan_from_rollout(roll, self.num_minibatches, self.backend.dp_size)
+    def _plan(self, rolls) -> StepPlan:
+        return plan_from_rollouts(rolls, self.num_minibatches, self.backend.dp_size)
 
-    def prepare_step(self, step: int, roll: dict) -> dict:
-        plan = self._plan(roll)
+    def prepare_step(self, step: int, *rolls: dict) -> dict:
+        plan = self._plan(rolls)
         return self.prepare(step, plan) if plan.num_groups else {}
 
-    def train_step(self, step: int, roll: dict, with_values: bool = False, with_kl: bool = False):
-        """Two return values: (metrics, packed weights or None)."""
-        plan = self._plan(roll)
+    def train_step(self, step: int, with_values: bool, with_kl: bool, *rolls: dict):
+        """Two return values: (metrics, packed weights or None). ``rolls``: the rollout workers' reports."""
+        plan = self._plan(rolls)
         if plan.num_groups == 0:
             return {}, None  # every group was dropped: nothing to train on, weights unchanged
         metrics, weights = self.train(step, plan, with_values=with_values, with_kl=with_kl)

@@ -24,11 +24,14 @@ class AdvantagesCore:
         self.data_plane = data_plane
 
     def compute(self, step: int, num_groups: int, segment_sizes: tuple[int, ...], with_values: bool,
-                with_kl: bool) -> dict:
-        """Read rewards/masks (and values, KL) of the step, write ``advantages`` and ``returns``."""
+                with_kl: bool, group_uids: list[int] | None = None) -> dict:
+        """Read rewards/masks (and values, KL) of the step, write ``advantages`` and ``returns``.
+
+        ``group_uids``: the groups in mini-batch order (``StepPlan.uids``); None reads them in write
+        order, which is the plan's order only with a single rollout worker."""
         t0 = time.perf_counter()
         fields = ("rewards", "response_mask") + (("values",) if with_values else ()) + (("kl",) if with_kl else ())
-        read = self.data_plane.read(step, fields, "advantages", num_groups)
+        read = self.data_plane.read(step, fields, "advantages", num_groups, group_uids)
         t1 = time.perf_counter()
         inputs = AdvantageInputs(
             rewards=read["rewards"].float(),
@@ -65,13 +68,13 @@ def make_deployment():
         def __init__(self, algorithm_spec: str, algorithm_config):
             self.core = AdvantagesCore(algorithm_spec, algorithm_config)
 
-        def compute(self, step, num_groups, segment_sizes, with_values, with_kl) -> dict:
+        def compute(self, step, num_groups, segment_sizes, with_values, with_kl, group_uids=None) -> dict:
             if self.core.data_plane is None:
                 # Attach on first use, not in __init__: the driver starts TransferQueue while Serve
                 # brings this replica up, so neither waits for the other.
                 from relax.runtime.data_plane import TransferQueueDataPlane
 
                 self.core.data_plane = TransferQueueDataPlane().attach()
-            return self.core.compute(step, num_groups, segment_sizes, with_values, with_kl)
+            return self.core.compute(step, num_groups, segment_sizes, with_values, with_kl, group_uids)
 
     return AdvantagesDeployment

@@ -35,21 +35,99 @@ def resolve_checkpoint(path: str) -> Path:
     )
 
 
+class CheckpointError(ValueError):
+    """``--load`` names a checkpoint that cannot be read or that this run cannot continue."""
+
+
+# What ``save_checkpoint`` writes; a state without one of them was not written by relax (or is damaged).
+# (``backend`` is not required: older checkpoints are recognized by their layout.)
+CHECKPOINT_KEYS = ("step", "actor", "rollout", "critic", "advantage_estimator")
+
+
+def read_checkpoint(path: str) -> tuple[Path, dict]:
+    """``--load path`` -> ``(state.pt path, state)``; an unreadable, truncated or incomplete file raises
+    ``CheckpointError`` naming it (never a raw unpickling error)."""
+    try:
+        ckpt = resolve_checkpoint(path)
+    except FileNotFoundError as exc:
+        raise CheckpointError(str(exc)) from None
+    where = f"--load {path}" + (f" ({ckpt})" if str(ckpt) != str(path) else "")
+    if ckpt.stat().st_size == 0:
+        raise CheckpointError(f"{where}: the checkpoint file is empty; load another checkpoint of the run")
+    try:
+        state = torch.load(ckpt, map_location="cpu", weights_only=False)
+    except Exception as exc:  # noqa: BLE001 - truncated zip, garbage bytes, EOF: all mean "not readable"
+        reason = str(exc).splitlines()[0] if str(exc) else "no details"
+        raise CheckpointError(
+            f"{where}: not a readable relax checkpoint (truncated or corrupt: {type(exc).__name__}: {reason}); "
+            "load another checkpoint of the run"
+        ) from None
+    if not isinstance(state, dict):
+        raise CheckpointError(
+            f"{where}: holds a {type(state).__name__}, not a relax checkpoint (relax writes "
+            "<output_dir>/checkpoints/step_*/state.pt)"
+        )
+    missing = [k for k in CHECKPOINT_KEYS if k not in state]
+    if missing:
+        raise CheckpointError(
+            f"{where}: incomplete checkpoint, missing {', '.join(missing)} (relax writes "
+            "<output_dir>/checkpoints/step_*/state.pt with --save-interval); load another checkpoint"
+        )
+    step = state["step"]
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise CheckpointError(f"{where}: its step {step!r} is not a non-negative integer; the file is damaged")
+    return ckpt, state
+
+
+def rollout_states(state: dict) -> list[dict]:
+    """The rollout workers' states, in worker order (checkpoints of one worker stored a single dict)."""
+    rollout = state["rollout"]
+    return list(rollout) if isinstance(rollout, (list, tuple)) else [rollout]
+
+
 def check_checkpoint(config, state: dict, source, *, has_critic: bool) -> None:
     """Refuse a checkpoint this run cannot continue, before any worker starts."""
-    if (state["critic"] is None) == has_critic:
-        raise ValueError(f"--load {source}: the checkpoint and this run disagree on whether a critic exists")
     if state["advantage_estimator"] != config.advantage_estimator:
-        raise ValueError(
+        raise CheckpointError(
             f"--load {source}: the checkpoint was trained with --advantage-estimator "
-            f"{state['advantage_estimator']!r}, this run uses {config.advantage_estimator!r}"
+            f"{state['advantage_estimator']!r}, this run uses {config.advantage_estimator!r}; resume with "
+            f"--advantage-estimator {state['advantage_estimator']}, or start a new run without --load"
+        )
+    if (state["critic"] is None) == has_critic:
+        raise CheckpointError(
+            f"--load {source}: the checkpoint and this run disagree on whether a critic exists (the checkpoint "
+            f"{'has one' if state['critic'] is not None else 'has none'}, this run "
+            f"{'needs one' if has_critic else 'has none'}): the method's needs_critic changed since it was "
+            "written, or the file is damaged; start a new run without --load"
+        )
+    if state["step"] >= config.num_rollout:
+        raise CheckpointError(
+            f"--load {source}: the checkpoint is at step {state['step']} and --num-rollout is "
+            f"{config.num_rollout}, so there is nothing left to train; pass --num-rollout above "
+            f"{state['step']} to train further"
+        )
+    prompts = state.get("rollout")
+    prompts = (prompts[0] if isinstance(prompts, (list, tuple)) and prompts else prompts) or {}
+    saved_seed = prompts.get("prompts", {}).get("seed") if isinstance(prompts.get("prompts"), dict) else None
+    if saved_seed is not None and saved_seed != config.seed:
+        raise CheckpointError(
+            f"--load {source}: the checkpoint was trained with --seed {saved_seed}, this run has --seed "
+            f"{config.seed}; a resumed run continues the checkpoint's prompt order and sampling, so resume "
+            f"with --seed {saved_seed}"
         )
     saved = checkpoint_backend(state)
     if saved != config.backend:
-        raise ValueError(
+        raise CheckpointError(
             f"--load {source}: the checkpoint was written by --backend {saved}, this run uses --backend "
             f"{config.backend}; the two store weights and optimizer state differently. Resume with "
             f"--backend {saved}, or start a new run without --load"
+        )
+    workers = len(rollout_states(state))
+    if workers != config.rollout_num_workers:
+        raise CheckpointError(
+            f"--load {source}: the checkpoint was written by {workers} rollout worker(s), this run has "
+            f"--rollout-num-workers {config.rollout_num_workers}; each worker's prompt stream and sampler "
+            f"resume from its own state, so resume with --rollout-num-workers {workers}"
         )
 
 
@@ -59,12 +137,13 @@ def save_checkpoint(runtime, out: Path, step: int) -> Path:
 
     # A backend that gathers its state over all ranks (a collective) is asked on every rank.
     actors = runtime.actors if runtime.backend_cls.gathers_on_all_ranks else runtime.actors[:1]
-    refs = [a.state_dict.remote() for a in actors] + [runtime.rollout.state_dict.remote()]
+    refs = [a.state_dict.remote() for a in actors] + [w.state_dict.remote() for w in runtime.rollouts]
     if runtime.critic is not None:
         refs.append(runtime.critic.state_dict.remote())
     parts = get(refs, "checkpoint")
-    actor, rollout = parts[0], parts[len(actors)]
-    critic = parts[len(actors) + 1] if runtime.critic is not None else None
+    actor = parts[0]
+    rollout = parts[len(actors) : len(actors) + len(runtime.rollouts)]  # one state per rollout worker
+    critic = parts[-1] if runtime.critic is not None else None
     state = {"step": step, "actor": actor, "rollout": rollout, "critic": critic,
              "advantage_estimator": runtime.config.advantage_estimator, "backend": runtime.config.backend}
     path = checkpoint_path(out, step)
@@ -84,7 +163,8 @@ def restore_checkpoint(runtime, state: dict) -> None:
     from relax.runtime.cluster import get
 
     refs = [a.load_state_dict.remote(state["actor"]) for a in runtime.actors]
-    refs.append(runtime.rollout.load_state_dict.remote(state["rollout"], state["actor"]["backend"]["model"]))
+    weights = state["actor"]["backend"]["model"]
+    refs += [w.load_state_dict.remote(r, weights) for w, r in zip(runtime.rollouts, rollout_states(state))]
     if runtime.critic is not None:
         refs.append(runtime.critic.load_state_dict.remote(state["critic"]))
     get(refs, "checkpoint restore")

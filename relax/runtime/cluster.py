@@ -13,7 +13,6 @@ import time
 
 from relax.backends.registry import get_backend
 from relax.runtime import roles as R
-from relax.runtime.data_plane import partition_name
 from relax.runtime.environment import RAY_ENV_DEFAULTS, apply_environment_defaults
 
 WORKER_CPUS = 0.25  # logical: Ray's CPUs are scheduling tokens, not cores
@@ -47,6 +46,29 @@ def _runtime_env(config) -> dict:
     return runtime_env
 
 
+RAY_ADDRESS_TIMEOUT_S = 5.0
+
+
+def check_ray_address(address: str, timeout: float = RAY_ADDRESS_TIMEOUT_S) -> None:
+    """Raise ``ConnectionError`` unless something answers at ``--ray-address host:port`` within
+    ``timeout`` seconds (``ray.init`` would wait forever). ``auto`` and addresses without a port
+    are left to Ray."""
+    import socket
+
+    target = address.split("://", 1)[-1].rstrip("/")
+    host, _, port = target.rpartition(":")
+    if not host or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as exc:
+        raise ConnectionError(
+            f"--ray-address {address}: nothing answers at {host}:{port} within {timeout:g}s "
+            f"({exc.strerror or type(exc).__name__}); start the cluster (`ray start --head`), check the "
+            "address with `ray status` on its head node, or omit --ray-address to start a local Ray"
+        ) from None
+
+
 def _start_ray(config) -> bool:
     """Start a local Ray or join ``ray_address``; returns True when this call started/joined it."""
     apply_environment_defaults()
@@ -57,13 +79,22 @@ def _start_ray(config) -> bool:
     # Worker logs reach the driver (errors must be visible); Ray's and Serve's INFO chatter does not.
     kwargs = {"include_dashboard": False, "log_to_driver": True, "logging_level": "WARNING",
               "runtime_env": _runtime_env(config)}
+    import signal
+
+    # ray.init replaces the SIGTERM handler (with one that calls sys.exit(15)); keep the caller's
+    # (``relax train`` turns SIGTERM into the Ctrl-C shutdown).
+    on_main = threading.current_thread() is threading.main_thread()
+    sigterm = signal.getsignal(signal.SIGTERM) if on_main else None
     if config.ray_address:
+        check_ray_address(config.ray_address)
         ray.init(address=config.ray_address, **kwargs)
     else:
         # TransferQueue's controller and storage unit each ask for a whole CPU: more logical CPUs
         # than cores (docs/en/ray-and-transferqueue.md, TransferQueue workarounds, item 1); the workers ask for a fraction each.
-        cpus = max(4, os.cpu_count() or 1, 2 + WORKER_CPUS * (config.actor_num_workers + 4))
+        cpus = max(4, os.cpu_count() or 1, 2 + WORKER_CPUS * (config.actor_num_workers + config.rollout_num_workers + 3))
         ray.init(num_cpus=int(cpus + 0.999), object_store_memory=512 * 2**20, **kwargs)
+    if callable(sigterm):
+        signal.signal(signal.SIGTERM, sigterm)
     return True
 
 
@@ -86,16 +117,16 @@ def get(refs, what: str, timeout: float | None = None):
         ) from exc
 
 
-def gpu_requests(cluster_gpus: float, actor_workers: int) -> tuple[float, float]:
-    """``(num_gpus per actor rank, num_gpus of the rollout)`` for a cluster with ``cluster_gpus`` GPUs.
+def gpu_requests(cluster_gpus: float, actor_workers: int, rollout_workers: int = 1) -> tuple[float, float]:
+    """``(num_gpus per actor rank, num_gpus per rollout worker)`` for a cluster with ``cluster_gpus`` GPUs.
 
-    One GPU each when there are enough; a single actor rank shares one GPU with the rollout
-    (half each); otherwise none is requested (CPU, or whatever devices the workers see) because two
-    NCCL ranks must never share a GPU.
+    One GPU each when there are enough; a single actor rank shares one GPU with a single rollout
+    worker (half each); otherwise none is requested (CPU, or whatever devices the workers see)
+    because two NCCL ranks must never share a GPU.
     """
-    if cluster_gpus >= actor_workers + 1:
+    if cluster_gpus >= actor_workers + rollout_workers:
         return 1.0, 1.0
-    if actor_workers == 1 and cluster_gpus >= 1:
+    if actor_workers == 1 and rollout_workers == 1 and cluster_gpus >= 1:
         return 0.5, 0.5
     return 0.0, 0.0
 
@@ -109,13 +140,12 @@ class Runtime:
         self.started_ray = False
         self.serve_app = None
         self.data_plane = None
-        self.rollout = None
+        self.rollouts: list = []  # one per --rollout-num-workers, in index order
         self.actors: list = []
         self.critic = None
         self.adv_handle = None
         self._serve_error = "unknown error"
         self.startup_times: dict[str, float] = {}
-        self.last_step: int | None = None
 
     def start(self) -> None:
         import ray
@@ -132,13 +162,16 @@ class Runtime:
         opts = {"num_cpus": WORKER_CPUS, "max_restarts": 0}
         w = cfg.actor_num_workers
         gpus = ray.cluster_resources().get("GPU", 0.0)
-        actor_gpus, rollout_gpus = gpu_requests(gpus, w)
+        actor_gpus, rollout_gpus = gpu_requests(gpus, w, cfg.rollout_num_workers)
         if gpus and not actor_gpus:
-            log(f"relax: warning: {gpus:g} GPU(s) for {w} actor rank(s) + the rollout; requesting none "
-                 "(NCCL ranks cannot share a GPU)")
+            log(f"relax: warning: {gpus:g} GPU(s) for {w} actor rank(s) + {cfg.rollout_num_workers} rollout "
+                "worker(s); requesting none (NCCL ranks cannot share a GPU)")
         # Spawn every worker first: their processes start and import torch in parallel with the
         # TransferQueue and Serve start-up below.
-        self.rollout = ray.remote(RolloutWorker).options(**opts, num_gpus=rollout_gpus).remote(cfg, algorithm_spec)
+        self.rollouts = [
+            ray.remote(RolloutWorker).options(**opts, num_gpus=rollout_gpus).remote(cfg, algorithm_spec, i)
+            for i in range(cfg.rollout_num_workers)
+        ]
         with_ref = R.REFERENCE in self.layout
         on_actor = self.layout.placement[R.ADVANTAGES] == R.ON_ACTOR
         self.actors = [
@@ -155,7 +188,7 @@ class Runtime:
             serve_thread.start()
         self.data_plane = TransferQueueDataPlane().start()
         self.startup_times["transferqueue_s"] = time.perf_counter() - t0 - self.startup_times["ray_init_s"]
-        workers = [self.rollout, *self.actors] + ([self.critic] if self.critic else [])
+        workers = [*self.rollouts, *self.actors] + ([self.critic] if self.critic else [])
         get([x.attach.remote() for x in workers], "start-up", timeout=STARTUP_TIMEOUT_S)
         self.startup_times["workers_ready_s"] = time.perf_counter() - t0
         if w > 1:
@@ -197,17 +230,13 @@ class Runtime:
                 serve.delete(self.serve_app)
                 if self.started_ray:
                     serve.shutdown()
-        for handle in [self.rollout, *self.actors, self.critic]:
+        for handle in [*self.rollouts, *self.actors, self.critic]:
             if handle is not None:
                 with contextlib.suppress(Exception):
                     ray.kill(handle)
         with contextlib.suppress(Exception):
             if self.data_plane is not None:
-                if self.last_step is not None:  # stopped mid-step: drop what the steps in flight wrote
-                    for step in (self.last_step, self.last_step + 1):  # (matters when TQ outlives the run)
-                        with contextlib.suppress(Exception):
-                            if partition_name(step) in self.data_plane.client.get_partition_list():
-                                self.data_plane.clear(step)
+                self.data_plane.clear_steps()  # what the run left (matters when TQ outlives the run)
                 self.data_plane.close()
         if self.started_ray:
             with contextlib.suppress(Exception):

@@ -21,6 +21,7 @@ from relax.algorithms.flags import (
     flag,
     integer,
     non_negative_float,
+    non_negative_int,
     open_unit_interval,
     positive_float,
     positive_int,
@@ -40,6 +41,13 @@ def known_algorithm_spec(text) -> str:
         f"unknown advantage estimator {text!r}; choose one of {', '.join(algorithm_names())} or give "
         "a dotted path 'package.module:ClassName' to your own RLAlgorithm subclass"
     )
+
+
+def half_open_unit_interval(text) -> float:
+    value = non_negative_float(text)
+    if value >= 1:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {text!r}")
+    return value
 
 
 def _hook_flag(help: str) -> dict:
@@ -78,6 +86,25 @@ class RunConfig:
         "critic learning rate (critic methods only)", group="optimization", type=positive_float))
     clip_grad: float = attrs.field(default=1.0, metadata=flag(
         "gradient-norm clip (0 disables)", group="optimization", type=non_negative_float))
+    lr_warmup_steps: int = attrs.field(default=0, metadata=flag(
+        "linear learning-rate warm-up over this many optimizer steps (actor and critic)", group="optimization",
+        type=non_negative_int))
+    lr_decay_style: str = attrs.field(default="constant", metadata=flag(
+        "learning-rate decay after the warm-up, down to --min-lr at the run's last optimizer step "
+        "(--num-rollout x optimizer steps per rollout)", group="optimization",
+        choices=("constant", "linear", "cosine")))
+    min_lr: float = attrs.field(default=0.0, metadata=flag(
+        "floor of the linear / cosine decay (the critic's floor is the same fraction of --critic-lr)",
+        group="optimization", type=non_negative_float))
+    weight_decay: float = attrs.field(default=0.0, metadata=flag(
+        "decoupled (AdamW) weight decay; biases and norm scales (every 1-D parameter) are exempt",
+        group="optimization", type=non_negative_float))
+    adam_beta1: float = attrs.field(default=0.9, metadata=flag(
+        "Adam beta1", group="optimization", type=half_open_unit_interval))
+    adam_beta2: float = attrs.field(default=0.999, metadata=flag(
+        "Adam beta2", group="optimization", type=half_open_unit_interval))
+    adam_eps: float = attrs.field(default=1e-8, metadata=flag(
+        "Adam epsilon", group="optimization", type=positive_float))
     value_clip: float = attrs.field(default=0.2, metadata=flag(
         "critic value clip range (critic methods only)", group="algorithm", type=non_negative_float))
     seed: int = attrs.field(default=1234, metadata=flag(
@@ -120,6 +147,10 @@ class RunConfig:
     custom_rm_path: str | None = attrs.field(default=None, metadata=_hook_flag(
         "your reward function fn(prompt, completion, label, metadata) -> number or {key: number} "
         "(sync or async)"))
+    reward_concurrency: int = attrs.field(default=1, metadata=flag(
+        "reward calls of a plain (not async) --custom-rm-path function that run at once, in threads "
+        "(async functions are always gathered); results stay in sample order", group="rewards",
+        type=positive_int))
     custom_reward_post_process_path: str | None = attrs.field(default=None, metadata=_hook_flag(
         "replaces the algorithm's reward normalization (rejected where the method forbids it)"))
     dynamic_sampling_filter_path: str | None = attrs.field(default=None, metadata=_hook_flag(
@@ -137,22 +168,92 @@ class RunConfig:
         "Megatron tensor parallelism", group="placement and backends", type=positive_int))
     pipeline_model_parallel_size: int = attrs.field(default=1, metadata=flag(
         "Megatron pipeline parallelism", group="placement and backends", type=positive_int))
+    lora_rank: int = attrs.field(default=0, metadata=flag(
+        "train LoRA adapters of this rank instead of the whole model (torch backend, --hf-checkpoint; "
+        "needs peft: pip install 'relax-rl[lora]'); 0 trains every weight", group="placement and backends",
+        type=non_negative_int))
+    lora_alpha: float = attrs.field(default=16.0, metadata=flag(
+        "LoRA scale numerator: the adapter's update is (B @ A) x lora-alpha / lora-rank",
+        group="placement and backends", type=positive_float))
+    lora_dropout: float = attrs.field(default=0.0, metadata=flag(
+        "dropout on the LoRA branch's input while training", group="placement and backends",
+        type=half_open_unit_interval))
+    lora_target_modules: tuple[str, ...] = attrs.field(default=("all-linear",), converter=tuple, metadata=flag(
+        "layers that get adapters: module-name suffixes (e.g. q_proj v_proj), or all-linear (every linear "
+        "layer but the output head)", group="placement and backends", nargs="+", metavar="NAME"))
+    bf16: bool = attrs.field(default=False, metadata=flag(
+        "train in bfloat16 mixed precision (torch backend: autocast; weights and Adam state stay float32)",
+        group="placement and backends"))
+    recompute_activations: bool = attrs.field(default=False, metadata=flag(
+        "recompute each transformer block's activations in the backward pass (less memory, more compute)",
+        group="placement and backends"))
     advantages_on_actor: bool = attrs.field(default=False, metadata=flag(
         "compute advantages on the training ranks instead of the advantages service",
         group="placement and backends"))
+    rollout_num_workers: int = attrs.field(default=1, metadata=flag(
+        "rollout workers (generation engines); each samples its slice of every step's prompts",
+        group="placement and backends", type=positive_int))
+    # -- asynchronous training --
+    fully_async: bool = attrs.field(default=False, metadata=flag(
+        "overlap generation with training: rollouts run up to --max-staleness policy versions ahead",
+        group="asynchronous training"))
+    max_staleness: int | None = attrs.field(default=None, metadata=flag(
+        "the most policy versions a trained sample may lag behind (default 1 with --fully-async; "
+        "0 reproduces the synchronous run)", group="asynchronous training", type=non_negative_int,
+        metavar="K"))
     # -- outputs --
     output_dir: str | None = attrs.field(default=None, metadata=flag(
         "where checkpoints, metrics and config.yaml go (default: outputs/<run-name>)", group="outputs",
         metavar="DIR"))
+    overwrite_output_dir: bool = attrs.field(default=False, metadata=flag(
+        "let a new run replace the run already in --output-dir (its metrics.jsonl and checkpoints/ are "
+        "deleted); without it such a directory is refused unless --load resumes it", group="outputs"))
     run_name: str | None = attrs.field(default=None, metadata=flag(
         "run name (default: <advantage-estimator>-<date>-<time>)", group="outputs"))
     save_interval: int | None = attrs.field(default=None, metadata=flag(
-        "save a checkpoint every this many rollouts (default: only at the end)", group="outputs",
+        "save a checkpoint every this many rollouts and at the end (default: none, except the final model "
+        "with --hf-checkpoint)", group="outputs",
         type=positive_int))
     load: str | None = attrs.field(default=None, metadata=flag(
         "resume from this checkpoint directory", group="outputs", metavar="DIR"))
     progress: bool = attrs.field(default=True, metadata=flag(
-        "no progress bar", group="outputs", names=("--no-progress",)))
+        "no progress bar (prints a summary line every --log-interval steps instead)", group="outputs",
+        names=("--no-progress",)))
+    # -- logging (relax.runtime.trackers; docs/en/tracking.md) --
+    log_interval: int = attrs.field(default=10, metadata=flag(
+        "with --no-progress: print one summary line every this many steps", group="logging",
+        type=positive_int, metavar="N"))
+    use_tensorboard: bool = attrs.field(default=False, metadata=flag(
+        "write every metric to TensorBoard event files in the run directory (needs the 'tracking' "
+        "extra: pip install 'relax-rl[tracking]')", group="logging"))
+    use_wandb: bool = attrs.field(default=False, metadata=flag(
+        "log every metric to Weights & Biases; offline (a run directory under <output-dir>/wandb) "
+        "unless WANDB_MODE says otherwise or an API key is set and the server is reachable",
+        group="logging"))
+    wandb_project: str = attrs.field(default="relax", metadata=flag(
+        "W&B project (with --use-wandb)", group="logging", metavar="NAME"))
+    wandb_group: str | None = attrs.field(default=None, metadata=flag(
+        "W&B run group, e.g. to compare methods (with --use-wandb)", group="logging", metavar="NAME"))
+    wandb_run_name: str | None = attrs.field(default=None, metadata=flag(
+        "W&B run name (with --use-wandb; default: the run name)", group="logging", metavar="NAME"))
+    log_completions: int = attrs.field(default=0, metadata=flag(
+        "every step, append this many samples (prompt, completion, label, reward components, "
+        "normalized reward, policy version) to completions.jsonl and to the trackers as a table",
+        group="logging", type=non_negative_int, metavar="N"))
+
+    def total_optimizer_steps(self) -> int:
+        """Optimizer steps of the whole run: ``--num-rollout`` x optimizer steps per rollout (what the
+        learning-rate schedule decays over; a rollout whose groups were all dropped takes fewer)."""
+        from relax.runtime.schedule import num_minibatches
+
+        return self.num_rollout * num_minibatches(self)
+
+    @property
+    def staleness_bound(self) -> int:
+        """K: how many policy versions a rollout may run ahead of training (0: synchronous)."""
+        if not self.fully_async:
+            return 0
+        return 1 if self.max_staleness is None else self.max_staleness
 
 
 def default_run_name(algorithm_spec: str) -> str:

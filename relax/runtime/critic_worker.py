@@ -18,7 +18,8 @@ from relax.backends.registry import get_critic_backend
 from relax.models.factory import build_policy_model
 from relax.models.value import ValueModel
 from relax.runtime.fields import BATCH_FIELDS, AttachesDataPlane, token_batch
-from relax.runtime.schedule import StepPlan, num_minibatches, plan_from_rollout, segment_slices
+from relax.runtime.rollouts import plan_from_rollouts
+from relax.runtime.schedule import StepPlan, num_minibatches, segment_slices
 
 
 class CriticCore:
@@ -33,7 +34,7 @@ class CriticCore:
 
     def values(self, step: int, plan: StepPlan) -> dict:
         t0 = time.perf_counter()
-        read = self.data_plane.read(step, BATCH_FIELDS, "critic", plan.num_groups)
+        read = self.data_plane.read(step, BATCH_FIELDS, "critic", plan.num_groups, plan.uids)
         batch = token_batch(read.fields)
         values = self.backend.compute_values(batch)
         self.data_plane.add_fields(read, {"values": values})
@@ -45,7 +46,7 @@ class CriticCore:
         cache, self._cache = self._cache, None
         if cache is None or cache["step"] != step:
             raise RuntimeError(f"critic.train({step}) without critic.values({step}) first")
-        returns = self.data_plane.read(step, ("returns",), "critic_returns", plan.num_groups)["returns"].float()
+        returns = self.data_plane.read(step, ("returns",), "critic_returns", plan.num_groups, plan.uids)["returns"].float()
         batch, old_values = cache["batch"], cache["values"]
         parts = []
         for j, rows in enumerate(segment_slices(plan.segment_sizes)):
@@ -78,10 +79,10 @@ class CriticCore:
 class CriticWorker(AttachesDataPlane, CriticCore):
     """Ray actor of the critic (takes the rollout's result, like ``ActorWorker``)."""
 
-    def values_step(self, step: int, roll: dict) -> dict:
-        plan = plan_from_rollout(roll, self.num_minibatches, 1)
+    def values_step(self, step: int, *rolls: dict) -> dict:
+        plan = plan_from_rollouts(rolls, self.num_minibatches, 1)
         return self.values(step, plan) if plan.num_groups else {}
 
-    def train_step(self, step: int, roll: dict) -> dict:
-        plan = plan_from_rollout(roll, self.num_minibatches, 1)
+    def train_step(self, step: int, *rolls: dict) -> dict:
+        plan = plan_from_rollouts(rolls, self.num_minibatches, 1)
         return self.train(step, plan) if plan.num_groups else {}

@@ -30,8 +30,11 @@ from relax.runtime.sampler import GROUP_SIZE, GROUP_UID, SAMPLE_INDEX, PromptGro
 POLL_SLEEP_S = (0.0005, 0.001, 0.002, 0.005, 0.01)  # retry back-off of a polling read
 
 
+PARTITION_PREFIX = "step_"
+
+
 def partition_name(step: int) -> str:
-    return f"step_{step}"
+    return f"{PARTITION_PREFIX}{step}"
 
 
 def tq_config() -> dict:
@@ -42,7 +45,7 @@ def tq_config() -> dict:
     }
 
 
-def _densify(value: torch.Tensor, rows: int) -> torch.Tensor:
+def _densify(value: torch.Tensor, rows: int, name: str = "?") -> torch.Tensor:
     """A jagged nested tensor of uniform row shape -> the dense ``[rows, ...]`` tensor.
 
     Checked on the offsets, not by unbinding the rows: ``unbind`` of a jagged tensor costs about
@@ -53,14 +56,35 @@ def _densify(value: torch.Tensor, rows: int) -> torch.Tensor:
     if value.layout == torch.jagged and value._lengths is None and value._ragged_idx == 1:
         lengths = value.offsets().diff()
         if len(lengths) != rows or bool((lengths != lengths[0]).any()):
-            raise RuntimeError(_RAGGED)
+            raise RuntimeError(f"{_RAGGED} (field {name!r}: {rows} rows expected, row lengths {lengths.tolist()})")
         values = value.values()
         return values.reshape(rows, int(lengths[0]), *values.shape[1:])
     parts = value.unbind()  # any other nested layout: the slow, general check
     shape = parts[0].shape
     if any(p.shape != shape for p in parts):
-        raise RuntimeError(_RAGGED)
+        if any(p.shape[:-1] != shape[:-1] for p in parts):
+            raise RuntimeError(f"{_RAGGED} (field {name!r}: row shapes {[tuple(p.shape) for p in parts]})")
+        return _pad_widths(parts, name)
     return torch.stack(parts) if value.layout != torch.jagged else value.values().reshape(rows, *shape)
+
+
+# Prompts are left-padded (they end where the response starts); every other per-token field is
+# right-padded (a response starts at column 0 of its fields).
+LEFT_PADDED_FIELDS = frozenset({"prompt_ids", "prompt_mask"})
+
+
+def _pad_widths(parts: list[torch.Tensor], name: str) -> torch.Tensor:
+    """Rows written by different puts (several rollout workers pad to their own widths) -> one
+    dense tensor, padded with zeros (False) to the widest row on the side the field is padded on."""
+    width = max(p.shape[-1] for p in parts)
+    left = name in LEFT_PADDED_FIELDS
+    out = parts[0].new_zeros((len(parts), *parts[0].shape[:-1], width))
+    for i, part in enumerate(parts):
+        if left:
+            out[i, ..., width - part.shape[-1] :] = part
+        else:
+            out[i, ..., : part.shape[-1]] = part
+    return out
 
 
 _RAGGED = (
@@ -228,7 +252,7 @@ class TransferQueueDataPlane:
                 f"but the sampler returned {meta.size}"
             )
         data = self.client.get_data(meta)
-        dense = {name: _densify(data[name], meta.size).flatten(0, 1) for name in fields}
+        dense = {name: _densify(data[name], meta.size, name).flatten(0, 1) for name in fields}
         return StepBatch(dense, meta)
 
     def add_fields(self, batch: StepBatch, fields: Mapping[str, torch.Tensor]) -> None:
@@ -245,3 +269,9 @@ class TransferQueueDataPlane:
     def clear(self, step: int) -> None:
         """Drop partition ``step_<step>`` (its samples, metadata and consumption state)."""
         self.client.clear_partition(partition_name(step))
+
+    def clear_steps(self) -> None:
+        """Drop every step partition (a run stopped with steps in flight or not dropped yet)."""
+        for name in self.client.get_partition_list():
+            if name.startswith(PARTITION_PREFIX):
+                self.client.clear_partition(name)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from relax.algorithms import PolicyLossInputs, PolicyLossOutput
+from relax.algorithms.types import check_policy_loss_output
 from relax.backends.base import LossFn
 
 
@@ -16,27 +17,35 @@ def policy_loss_fn(
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
     ref_log_probs: torch.Tensor | None = None,
+    rollout_log_probs: torch.Tensor | None = None,
     global_num_tokens: float,
     global_num_sequences: float,
+    step: int | None = None,
 ) -> LossFn:
     """``loss_fn(token_log_probs, micro)`` for ``TrainingBackend.train_step``: ``algorithm.policy_loss``
     on the micro-batch rows ``micro`` of this mini-batch's tensors, normalized by the mini-batch's
     global token and sequence counts, so the backend's sum over micro-batches (and the gradient
-    all-reduce over data-parallel ranks) gives exactly the whole mini-batch's loss."""
+    all-reduce over data-parallel ranks) gives exactly the whole mini-batch's loss.
+
+    The output is checked (``check_policy_loss_output``): a non-scalar, non-float or non-finite loss
+    stops the run naming the class, the method and ``step`` (when given), before any weight moves."""
 
     def loss_fn(tlp, micro: slice) -> PolicyLossOutput:
-        return algorithm.policy_loss(
+        output = algorithm.policy_loss(
             PolicyLossInputs(
                 log_probs=tlp.log_probs,
                 old_log_probs=old_log_probs[micro],
                 advantages=advantages[micro],
                 response_mask=response_mask[micro],
                 ref_log_probs=ref_log_probs[micro] if ref_log_probs is not None else None,
+                rollout_log_probs=rollout_log_probs[micro] if rollout_log_probs is not None else None,
                 entropy=tlp.entropy,
                 global_num_tokens=float(global_num_tokens),
                 global_num_sequences=float(global_num_sequences),
             )
         )
+        check_policy_loss_output(algorithm, output, step=step)
+        return output
 
     return loss_fn
 

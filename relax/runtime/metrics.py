@@ -1,4 +1,7 @@
-"""Per-step reward metrics, the metrics file and the end-of-run summary table."""
+"""Per-step metrics and where they are written: the reward statistics (with the combined reward), the
+always-on rollout health metrics (response length, truncation, tokens/s), the ``--log-completions``
+records, ``metrics.jsonl``, the ``--no-progress`` summary line and the end-of-run table. The
+trackers (TensorBoard, W&B) are ``relax.runtime.trackers``; docs/en/tracking.md lists the metrics."""
 
 from __future__ import annotations
 
@@ -26,7 +29,63 @@ def reward_metrics(algorithm, rewards: torch.Tensor, group_ids: torch.Tensor, ke
             f"reward columns {tuple(keys)} differ from the algorithm's reward_keys "
             f"{tuple(algorithm.config.reward_keys)}"
         )
-    return algorithm.reward_diagnostics(rewards, group_ids)
+    metrics = algorithm.reward_diagnostics(rewards, group_ids)
+    metrics.update(combined_reward_metrics(rewards, algorithm.config.reward_weights, keys))
+    return metrics
+
+
+COMBINED = "combined"
+
+
+def combined_reward_metrics(rewards: torch.Tensor, weights: Sequence[float], keys: Sequence[str]) -> dict[str, float]:
+    """``reward/combined/mean``: the mean over samples of the ``--reward-weights``-weighted sum of the
+    components (float64). Left out when a component is itself named ``combined``."""
+    if COMBINED in keys or rewards.numel() == 0:
+        return {}
+    matrix = rewards.double().reshape(rewards.shape[0], -1)
+    combined = matrix @ torch.tensor(tuple(weights), dtype=torch.float64)
+    return {f"reward/{COMBINED}/mean": float(combined.mean())}
+
+
+# A row's sample completions (a list of records, ``--log-completions``): not a metric.
+# ``MetricsLog`` leaves it out of metrics.jsonl; ``relax.runtime.trackers`` writes it to
+# completions.jsonl and to the trackers.
+COMPLETIONS_KEY = "_completions"
+
+
+def _jsonable(value):
+    try:
+        json.dumps(value)
+        return value
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+def completion_records(config, prompts, completions, labels, rewards: torch.Tensor, keep: torch.Tensor,
+                       normalized: torch.Tensor, version: int) -> list[dict]:
+    """Up to ``--log-completions`` samples of one rollout worker (its first ones, whole prompt groups
+    first; with several workers each gives its share, the driver keeps the first N): the prompt, the
+    completion as the reward function saw it, the label, every reward component, the scalar the
+    method's ``normalize_rewards`` made of them (None when the group was dropped) and the policy
+    version (the training step whose weights generated it)."""
+    workers = getattr(config, "rollout_num_workers", 1)
+    limit = min(-(-config.log_completions // workers), len(completions))
+    if limit <= 0:
+        return []
+    matrix = rewards.reshape(rewards.shape[0], -1)
+    position = keep.long().cumsum(0) - 1  # sample -> its row among the kept samples
+    keys = tuple(config.algorithm.reward_keys)
+    return [
+        {
+            "policy_version": int(version),
+            "prompt": prompts[i],
+            "completion": completions[i],
+            "label": _jsonable(labels[i]),
+            "rewards": {key: float(matrix[i, j]) for j, key in enumerate(keys)},
+            "normalized_reward": float(normalized[position[i]]) if bool(keep[i]) else None,
+        }
+        for i in range(limit)
+    ]
 
 
 class MetricsLog:
@@ -50,7 +109,7 @@ class MetricsLog:
             self.path.unlink()
 
     def write(self, row: Mapping) -> None:
-        row = dict(row)
+        row = {k: v for k, v in row.items() if k != COMPLETIONS_KEY}
         self.rows.append(row)
         with self.path.open("a") as f:
             f.write(json.dumps(row) + "\n")
@@ -80,3 +139,51 @@ def summary_table(rows: Sequence[Mapping], keys: Sequence[str]) -> tuple[str, di
     if extra:
         lines += ["", format_summary_table(extra)]
     return "\n".join(lines), stats
+
+
+def response_stats(response_ids: torch.Tensor, response_mask: torch.Tensor, max_new_tokens: int, eos_id: int) -> dict:
+    """One rollout worker's response-length statistics for ``response_metrics``: the longest
+    response, and how many responses reached ``max_new_tokens`` without ending in ``eos_id``
+    (truncated at the length limit)."""
+    lengths = response_mask.sum(1)
+    if lengths.numel() == 0:
+        return {"response_len_max": 0, "truncated": 0}
+    full = lengths >= max_new_tokens
+    truncated = full & (response_ids[:, -1] != eos_id) if response_ids.shape[1] else full
+    return {"response_len_max": int(lengths.max()), "truncated": int(truncated.sum())}
+
+
+def response_metrics(rolls: Sequence[Mapping]) -> dict[str, float]:
+    """The step's always-on generation health metrics over the reports of its rollout workers:
+    ``rollout/response_len_max``, ``rollout/truncated_frac`` (share of responses cut at
+    ``--rollout-max-response-len``) and ``rollout/tokens_per_s`` (generated tokens over the slowest
+    worker's generation time). A report without the statistics of ``response_stats`` adds nothing.
+    The workers' ``completion_records`` (``--log-completions``) travel along under ``COMPLETIONS_KEY``."""
+    out: dict[str, float] = {}
+    samples = sum(r["samples"] for r in rolls)
+    if rolls and all("response_len_max" in r for r in rolls):
+        out["rollout/response_len_max"] = max(r["response_len_max"] for r in rolls)
+        out["rollout/truncated_frac"] = sum(r["truncated"] for r in rolls) / max(samples, 1)
+    generate_s = max((r.get("times", {}).get("time/rollout/generate_s", 0.0) for r in rolls), default=0.0)
+    if generate_s > 0:
+        out["rollout/tokens_per_s"] = sum(r["generated_tokens"] for r in rolls) / generate_s
+    samples = [record for r in rolls for record in r.get("completions", ())]  # in worker order
+    if samples:
+        out[COMPLETIONS_KEY] = samples
+    return out
+
+
+def progress_line(row: Mapping, keys: Sequence[str], total_steps: int) -> str:
+    """The one-line summary ``--no-progress`` prints every ``--log-interval`` steps: each component's
+    mean reward, the combined reward, the mean response length and the step time."""
+    def number(key, fmt):
+        value = row.get(key)
+        return format(value, fmt) if isinstance(value, (int, float)) else "n/a"
+
+    parts = [f"relax: step {row['step']}/{total_steps}"]
+    parts.append(" ".join(f"{k} {number(f'reward/{k}/mean', '.3f')}" for k in keys))
+    if f"reward/{COMBINED}/mean" in row and len(keys) > 1:
+        parts.append(f"combined {number(f'reward/{COMBINED}/mean', '.3f')}")
+    parts.append(f"response len {number('rollout/response_len', '.1f')}")
+    parts.append(f"{number('time/step_s', '.2f')} s/step")
+    return " | ".join(parts)

@@ -1,5 +1,22 @@
-"""The synchronous step pipeline: the driver submits whole steps as chains of Ray calls and
-collects their results into one metrics row per step.
+"""The step pipeline: the driver submits whole steps as chains of Ray calls and collects their
+results into one metrics row per step.
+
+A step is a chain of Ray calls linked by object references: rollout workers -> [critic values,
+reference KL] -> actor ranks (+ critic training). Each worker receives the rollout reports and
+derives the same mini-batch plan from them; actor rank 0 sends the advantages request to the Serve
+deployment itself and computes the old log-probs while the deployment works. The driver never sits
+between two roles.
+
+**Policy versions and staleness.** Version ``v`` is the policy after training step ``v`` (the start
+of the run, or the checkpoint it resumed from, is version ``start``). The rollout of step ``t``
+samples with version ``max(t - 1 - K, floor)``: it is submitted with that version's weights
+reference and training results as arguments, so Ray starts it the moment that version exists. With
+K = 0 (the synchronous schedule) that is version ``t - 1``; with ``--fully-async --max-staleness K``
+rollouts run up to K versions ahead and overlap training, and no trained sample is ever more than K
+versions old: the rollout waits instead of running further ahead, so nothing is dropped.
+``floor`` is the newest checkpointed version: no rollout is submitted past a checkpoint before it is
+written (the rollout state saved must be the one after that step), and the rollouts after it
+sample with the checkpointed weights or newer, so a run resumed from there repeats the same schedule.
 """
 
 from __future__ import annotations
@@ -10,67 +27,75 @@ from concurrent.futures import ThreadPoolExecutor
 from relax.runtime import roles as R
 from relax.runtime.actor_metrics import STEP_METRICS_KEY, combine_actor_metrics
 from relax.runtime.cluster import Runtime, get
-from relax.runtime.schedule import num_minibatches, plan_from_rollout
+from relax.runtime.rollouts import plan_from_rollouts, rollout_metrics
+from relax.runtime.schedule import num_minibatches
+
+
+def rollout_version(step: int, staleness_bound: int, floor: int) -> int:
+    """The policy version the rollout of ``step`` samples with (see the module docstring)."""
+    return max(step - 1 - staleness_bound, floor)
 
 
 class Pipeline:
-    """Submits whole steps and collects their results; the driver never sits between two roles.
-
-    A step is a chain of Ray calls linked by object references: rollout -> [critic values,
-    reference KL] -> actor ranks (+ critic training). Each worker receives the rollout's result
-    and derives the same mini-batch plan from it; actor rank 0 sends the advantages request to the
-    Serve deployment itself and computes the old log-probs while the deployment works. The next
-    step's rollout is submitted before this step's results are awaited, with the new-weights
-    reference and this step's training results as arguments, so Ray starts it the moment training
-    ends. (Not across a checkpoint: the rollout state saved must be the one after this step.)
-    """
-
-    def __init__(self, rt: Runtime):
+    def __init__(self, rt: Runtime, start_step: int = 0):
         self.rt = rt
+        self.k = rt.config.staleness_bound
+        self.algorithm = rt.algorithm_cls(rt.config.algorithm)  # for the rollout metrics
+        self.floor = start_step
+        # version -> (reference to its weights (None: the rollout keeps its own), its training results)
+        self.versions: dict[int, tuple] = {start_step: (None, [])}
         self.submitted: dict[int, dict] = {}
-        self.weights = None  # reference to the newest weights (None: the rollout keeps its own)
-        self.after: list = []  # the previous step's training results
+        self.last_submitted = start_step
         self.t_last = time.perf_counter()
         # Dropping a finished step's partition is off the critical path: a driver thread does it
-        # while the next step runs (TransferQueue's client is thread-safe: it runs its own loop).
+        # while the next steps run (TransferQueue's client is thread-safe: it runs its own loop).
         self.clearer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="relax-clear")
         self.clearing = None
 
+    def checkpointed(self, step: int) -> None:
+        """A checkpoint of ``step`` was written: later rollouts sample with its weights or newer."""
+        self.floor = step
+
     def _submit(self, step: int) -> None:
         rt, cfg, layout = self.rt, self.rt.config, self.rt.layout
-        roll = rt.rollout.step.remote(step, self.weights, *self.after)
+        version = rollout_version(step, self.k, self.floor)
+        weights, after = self.versions[version]
+        rolls = [w.step.remote(step, version, weights, *after) for w in rt.rollouts]
         with_values = rt.critic is not None
         with_kl = R.REFERENCE in layout and cfg.algorithm.kl_in_reward
         on_actor = layout.placement[R.ADVANTAGES] == R.ON_ACTOR
         prep = []
         if with_kl and not on_actor:
-            prep += [a.prepare_step.remote(step, roll) for a in rt.actors]
+            prep += [a.prepare_step.remote(step, *rolls) for a in rt.actors]
         if with_values:
-            prep.append(rt.critic.values_step.remote(step, roll))
+            prep.append(rt.critic.values_step.remote(step, *rolls))
         # No dependency on `prep`: every read of values / KL (the deployment's, or the actor's own
         # with advantages on the actor) waits in the data plane until they are written, so the old
         # log-probs are computed while the critic works.
-        outs = [a.train_step.options(num_returns=2).remote(step, roll, with_values, with_kl) for a in rt.actors]
-        critic = [rt.critic.train_step.remote(step, roll)] if with_values else []
+        outs = [a.train_step.options(num_returns=2).remote(step, with_values, with_kl, *rolls) for a in rt.actors]
+        critic = [rt.critic.train_step.remote(step, *rolls)] if with_values else []
         train = [o[0] for o in outs] + critic
-        new_weights = outs[0][1]
-        self.submitted[step] = {"roll": roll, "prep": prep, "train": train, "t_submit": time.perf_counter()}
-        self.weights, self.after = new_weights, train
+        self.submitted[step] = {"rolls": rolls, "prep": prep, "train": train, "version": version}
+        self.versions[step] = (outs[0][1], train)
+        self.last_submitted = step
+        oldest_needed = max(step - self.k, self.floor)  # no later step samples with an older version
+        for v in [v for v in self.versions if v < oldest_needed]:
+            del self.versions[v]
 
     def _clear_later(self, step: int) -> None:
         if self.clearing is not None:
             self.clearing.result()  # surface an error of the previous clear here
         self.clearing = self.clearer.submit(self.rt.data_plane.clear, step)
 
-    def step(self, step: int, prefetch_next: bool) -> dict:
-        if step not in self.submitted:
-            self._submit(step)
-        if prefetch_next:
-            self._submit(step + 1)
+    def step(self, step: int, submit_through: int) -> dict:
+        """Collect ``step``'s results, after submitting every step up to ``submit_through`` (the
+        caller never asks past a checkpoint that has not been written yet)."""
+        for t in range(self.last_submitted + 1, max(step, submit_through) + 1):
+            self._submit(t)
         refs = self.submitted.pop(step)
-        roll = get(refs["roll"], "rollout")
+        rolls = get(refs["rolls"], "rollout")
         t_roll = time.perf_counter()
-        row = {"step": step, **roll["metrics"]}
+        row = {"step": step, **rollout_metrics(self.algorithm, rolls)}
         for part in get(refs["prep"], "reference/critic"):
             row.update(part)
         results = get(refs["train"], "actor/critic")
@@ -83,15 +108,20 @@ class Pipeline:
             row.update(part)
         combined = combine_actor_metrics([steps for steps in shares if steps is not None])
         row.update({f"actor/{k}": v for k, v in combined.items()})
-        plan = plan_from_rollout(roll, num_minibatches(self.rt.config), len(self.rt.actors))
+        plan = plan_from_rollouts(rolls, num_minibatches(self.rt.config), len(self.rt.actors))
         if plan.num_groups == 0:
             row["train/skipped"] = 1  # every group was dropped: nothing trained, weights unchanged
+        step_s = now - self.t_last
         row.update({
-            "time/rollout_s": roll["metrics"]["time/rollout/total_s"],
+            "time/rollout_s": row["time/rollout/total_s"],
             "time/advantages_s": row.get("time/advantages/total_s", 0.0),
             "time/train_s": now - t_roll,  # from the rollout's result to the last training result
-            "time/step_s": now - self.t_last,
+            "time/step_s": step_s,
+            "perf/samples_per_s": plan.num_groups * plan.group_size / step_s,
+            "perf/tokens_per_s": row["rollout/generated_tokens"] / step_s,
         })
+        if self.rt.config.fully_async:
+            row["async/policy_version"] = refs["version"]
         self.t_last = now
         return row
 

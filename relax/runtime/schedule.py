@@ -8,6 +8,7 @@ shards) agree on the layout without talking to each other.
 from __future__ import annotations
 
 import attrs
+import torch
 
 
 def _split(items: list, parts: int) -> list[list]:
@@ -40,6 +41,11 @@ class StepPlan:
     @property
     def global_sequences(self) -> tuple[int, ...]:
         return self.segment_sizes
+
+    @property
+    def uids(self) -> list[int]:
+        """Every group of the step, in mini-batch order (the order the advantages see them)."""
+        return [u for mb in self.minibatches for u in mb]
 
     def rank_uids(self, rank: int) -> list[int]:
         return [u for mb in self.shards[rank] for u in mb]
@@ -86,11 +92,6 @@ def num_minibatches(config) -> int:
     return 1
 
 
-def plan_from_rollout(roll: dict, num_minibatches: int, world_size: int) -> StepPlan:
-    """Every role derives the same plan from the rollout's result (a pure function)."""
-    return plan_step(roll["kept_uids"], roll["group_tokens"], roll["group_size"], num_minibatches, world_size)
-
-
 def segment_slices(sizes) -> list[slice]:
     """Consecutive row ranges of segments with the given sizes."""
     out, start = [], 0
@@ -98,3 +99,17 @@ def segment_slices(sizes) -> list[slice]:
         out.append(slice(start, start + size))
         start += size
     return out
+
+
+def staleness_metrics(step: int, versions: torch.Tensor, bound: int) -> dict[str, float]:
+    """How many policy versions the samples trained at ``step`` lag behind the policy they update (the
+    one after step ``step - 1``), checked against ``bound``: a violation is a scheduling bug."""
+    lag = (step - 1) - versions.long()
+    if lag.numel() and int(lag.max()) > bound:
+        raise RuntimeError(
+            f"step {step}: a sample of policy version {int(versions.min())} is {int(lag.max())} versions old, "
+            f"beyond --max-staleness {bound}"
+        )
+    lag = lag.double()
+    return {"async/staleness_mean": float(lag.mean()) if lag.numel() else 0.0,
+            "async/staleness_max": float(lag.max()) if lag.numel() else 0.0}

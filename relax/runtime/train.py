@@ -23,14 +23,16 @@ from relax.backends.registry import check_config as check_backend_config
 from relax.runtime import roles as R
 from relax.runtime.checkpoints import (
     check_checkpoint,
-    resolve_checkpoint,
+    read_checkpoint,
     restore_checkpoint,
     save_checkpoint,
 )
 from relax.runtime.cluster import Runtime, log
 from relax.runtime.config import output_dir_of
-from relax.runtime.metrics import MetricsLog, summary_table
+from relax.runtime.metrics import MetricsLog, progress_line, summary_table
 from relax.runtime.pipeline import Pipeline
+from relax.runtime.run_dir import lock_run_dir
+from relax.runtime.trackers import Trackers
 
 
 @attrs.frozen
@@ -44,6 +46,24 @@ class RunSummary:
     total_s: float
     metrics_path: str
     checkpoint: str | None
+
+
+def saves_at(config, step: int) -> bool:
+    """Whether a checkpoint is written after ``step``. The final step is saved whenever checkpoints
+    are on, and always with --hf-checkpoint (the trained model in Hugging Face format is the point
+    of such a run)."""
+    final = step == config.num_rollout
+    return (bool(config.save_interval) and (step % config.save_interval == 0 or final)) or (
+        bool(config.hf_checkpoint) and final
+    )
+
+
+def submit_limit(config, step: int) -> int:
+    """The last step whose rollout may be submitted while ``step`` is collected: up to the staleness
+    bound ahead (one step ahead in the synchronous schedule), never past the run's end nor past a
+    checkpoint that is not written yet."""
+    limit = min(step + 1 + config.staleness_bound, config.num_rollout)
+    return next((t for t in range(step, limit + 1) if saves_at(config, t)), limit)
 
 
 def _short(key: str) -> str:
@@ -60,13 +80,14 @@ def run(config) -> RunSummary:
     layout = R.derive_roles(algorithm_cls, config)
     check_backend_config(config)  # e.g. Megatron's parallel layout, before any worker starts
     out = output_dir_of(config)
-    out.mkdir(parents=True, exist_ok=True)
+    # Refuse another run's directory (unless resuming or --overwrite-output-dir) and hold its lock while
+    # this function runs (re-entrant: `relax train` already holds it); relax.runtime.run_dir.
+    run_dir_lock = lock_run_dir(out, resuming=bool(config.load), overwrite=config.overwrite_output_dir)  # noqa: F841
     keys = tuple(config.algorithm.reward_keys)
 
     state, start_step = None, 0
     if config.load:
-        ckpt = resolve_checkpoint(config.load)
-        state = torch.load(ckpt, map_location="cpu", weights_only=False)
+        ckpt, state = read_checkpoint(config.load)  # an unreadable or incomplete file: CheckpointError
         check_checkpoint(config, state, config.load, has_critic=R.CRITIC in layout)
         start_step = int(state["step"])
         old_metrics = ckpt.parents[2] / "metrics.jsonl"
@@ -74,6 +95,7 @@ def run(config) -> RunSummary:
         if old_metrics.exists() and old_metrics.resolve() != new_metrics.resolve():
             new_metrics.write_text(old_metrics.read_text())
     metrics_log = MetricsLog(out / "metrics.jsonl", resume_after_step=start_step if state else None)
+    trackers = Trackers(config, out, resume_after_step=start_step if state else None)  # TensorBoard, W&B
 
     log(f"relax: {config.advantage_estimator} ({algorithm_cls.__module__}.{algorithm_cls.__qualname__}); "
          f"roles: {layout.describe()}; output: {out}")
@@ -102,23 +124,24 @@ def run(config) -> RunSummary:
             range(start_step, config.num_rollout), desc="train", unit="step", disable=not config.progress,
             initial=start_step, total=config.num_rollout, file=sys.stderr, dynamic_ncols=True,
         )
-        pipeline = Pipeline(runtime)
+        pipeline = Pipeline(runtime, start_step)
         for index in bar:
             step = index + 1
-            runtime.last_step = step
-            # The final step is saved whenever checkpoints are on, and always with --hf-checkpoint
-            # (the trained model in Hugging Face format is the point of such a run).
             final = step == config.num_rollout
-            saving = (bool(config.save_interval) and (step % config.save_interval == 0 or final)) or (
-                bool(config.hf_checkpoint) and final
-            )
-            row = pipeline.step(step, prefetch_next=step < config.num_rollout and not saving)
-            runtime.last_step = None  # the pipeline drops the finished step's partition itself
+            saving = saves_at(config, step)
+            row = pipeline.step(step, submit_through=submit_limit(config, step))
             metrics_log.write(row)
+            trackers.log(row)
             steps_run += 1
-            bar.set_postfix({_short(k): f"{row.get(f'reward/{k}/mean', float('nan')):.2f}" for k in keys}, refresh=False)
+            postfix = {_short(k): f"{row.get(f'reward/{k}/mean', float('nan')):.2f}" for k in keys}
+            if config.fully_async:
+                postfix["stale"] = f"{row.get('async/staleness_max', 0):.0f}"
+            bar.set_postfix(postfix, refresh=False)
+            if not config.progress and (step % config.log_interval == 0 or final):
+                log(progress_line(row, keys, config.num_rollout))
             if saving:
                 last_ckpt = save_checkpoint(runtime, out, step)
+                pipeline.checkpointed(step)
         pipeline.close()
         bar.close()
         t_end = time.perf_counter()
@@ -135,6 +158,7 @@ def run(config) -> RunSummary:
         log("relax: interrupted; shutting down the workers", bar)
         raise
     finally:
+        trackers.close()
         if bar is not None:
             bar.close()
         runtime.stop()

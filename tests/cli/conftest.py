@@ -124,6 +124,14 @@ def fixed_task_keys(monkeypatch):
     monkeypatch.setattr("relax.cli.build.default_reward_keys", lambda task: TASK_KEYS)
 
 
+@pytest.fixture(autouse=True)
+def preflight_off(monkeypatch):
+    """These tests exercise parsing and validation on configurations whose data, reward function
+    and output directory are not real; pre-flight (relax.cli.preflight) has its own tests
+    (tests/cli/test_bad_inputs.py, which overrides this fixture)."""
+    monkeypatch.setattr("relax.cli.main.preflight", lambda config, algorithm: [])
+
+
 @pytest.fixture
 def cli(capsys):
     """Run ``relax ARGV`` in-process; returns (exit code, stdout, stderr)."""

@@ -249,3 +249,37 @@ def _gdpo_on_actor(backend) -> dict:
     inputs = AdvantageInputs(rewards=rewards[rows], response_mask=mask[rows], segment_sizes=sizes)
     adv, ret = algorithm.compute_advantages(inputs, process_group=backend.dp_group)
     return {"rows": rows, "segment_sizes": sizes, "advantages": adv, "returns": ret}
+
+
+def optimizer_flags(rank: int, world: int) -> dict:
+    """Both backends built by ``for_policy`` from one ``RunConfig`` with weight decay, Adam flags and a
+    warm-up + cosine schedule; and a zero-gradient step that leaves only the decoupled decay."""
+    from relax.algorithms.types import PolicyLossOutput
+    from relax.backends.megatron.backend import MegatronBackend
+    from relax.backends.torch_backend import TorchBackend
+    from relax.runtime.config import RunConfig
+
+    def model():
+        m = TinyCausalLM(CFG)
+        m.load_state_dict(initial_weights())
+        return m
+
+    config = RunConfig(lr=LR, min_lr=1e-3, lr_warmup_steps=1, lr_decay_style="cosine", num_rollout=2,
+                       num_steps_per_rollout=2, weight_decay=0.1, adam_beta1=0.8, adam_beta2=0.95,
+                       adam_eps=ADAM_EPS, clip_grad=1.0, seed=7, micro_batch_size=MICRO)
+    batch = make_batch()
+    out = {}
+    mg = MegatronBackend.for_policy(config, model())
+    out["megatron"] = run_training(mg, batch, steps=4)["metrics"]
+    out["megatron_trained"] = mg.export_weights()
+    pt = TorchBackend.for_policy(config, model())
+    out["torch"] = run_training(pt, batch, steps=4)["metrics"]
+    out["torch_trained"] = pt.export_weights()
+
+    def zero_loss(lp, rows):
+        return PolicyLossOutput(loss=(lp.log_probs * 0.0).sum(), metrics={})
+
+    decay = MegatronBackend(CFG, initial_weights=initial_weights(), lr=0.1, weight_decay=0.5, clip_grad=0.0, seed=7)
+    decay.train_step(batch, zero_loss)
+    out["decayed"] = decay.export_weights()
+    return out

@@ -17,6 +17,7 @@ from relax.runtime.config import RunConfig
 from relax.runtime.data_plane import _densify, group_rows
 from relax.runtime.metrics import MetricsLog, reward_metrics, summary_table
 from relax.runtime.rollout_worker import RolloutCore, filter_groups
+from relax.runtime.rollouts import rollout_metrics
 from relax.runtime.sampler import GROUP_SIZE, GROUP_UID, SAMPLE_INDEX, PromptGroupSampler, select_groups
 from relax.runtime.schedule import plan_step
 
@@ -176,7 +177,7 @@ def test_rollout_writes_only_kept_groups_with_the_algorithms_normalized_rewards(
     rollout = RolloutCore(cfg, "gdpo", plane)
     out = rollout.step(1)
     kept = out["kept_uids"]
-    m = out["metrics"]
+    m = rollout_metrics(rollout.algorithm, [out])
     assert m["rollout/groups_kept"] == len(kept) and m["rollout/groups_kept"] + m["rollout/groups_dropped"] == 6
     for key in KEYS:
         assert {f"reward/{key}/mean", f"reward/{key}/std", f"reward/{key}/zero_std_frac"} <= set(m)
@@ -199,7 +200,8 @@ def test_rollout_state_resumes_the_same_prompt_stream_and_sampling():
     b.load_state_dict(state)
     got = b.step(2)
     assert got["kept_uids"] == expected["kept_uids"]
-    assert got["metrics"]["reward/correct/mean"] == expected["metrics"]["reward/correct/mean"]
+    correct = [rollout_metrics(a.algorithm, [r])["reward/correct/mean"] for r in (got, expected)]
+    assert correct[0] == correct[1]
     assert got["group_tokens"] == expected["group_tokens"]
 
 
@@ -255,7 +257,8 @@ def test_gdpo_advantages_are_whitened_per_minibatch_segment():
 
 def _state_of(backend: str) -> dict:
     actor = {"model": {}, "optimizer": {}, "step": 0} if backend == "torch" else {"format": "relax-megatron-v1"}
-    return {"step": 4, "advantage_estimator": "gdpo", "critic": None, "actor": {"backend": actor}}
+    return {"step": 4, "advantage_estimator": "gdpo", "critic": None, "actor": {"backend": actor},
+            "rollout": {"prompts": {}, "generator": None}}
 
 
 def test_a_checkpoint_of_the_other_backend_is_refused_naming_the_flags():
@@ -295,3 +298,16 @@ def test_gpu_requests():
     assert gpu_requests(1, 1) == (0.5, 0.5)  # one actor rank shares the GPU with the rollout
     assert gpu_requests(3, 2) == (1.0, 1.0)
     assert gpu_requests(2, 2) == (0.0, 0.0)  # two NCCL ranks must not share a GPU
+    assert gpu_requests(3, 1, rollout_workers=2) == (1.0, 1.0)
+    assert gpu_requests(1, 1, rollout_workers=2) == (0.0, 0.0)  # no half GPU for three processes
+
+
+def test_densify_pads_rows_of_different_widths_on_the_fields_side():
+    """Several rollout workers pad a step's fields to their own widths: prompts stay left-aligned
+    to the response, per-token response fields start at column 0."""
+    a, b = torch.tensor([[1, 2], [3, 4]]), torch.tensor([[5, 6, 7], [8, 9, 10]])
+    mixed = torch.nested.as_nested_tensor([a, b])
+    assert _densify(mixed, 2, "response_ids").tolist() == [[[1, 2, 0], [3, 4, 0]], [[5, 6, 7], [8, 9, 10]]]
+    assert _densify(mixed, 2, "prompt_ids").tolist() == [[[0, 1, 2], [0, 3, 4]], [[5, 6, 7], [8, 9, 10]]]
+    masks = torch.nested.as_nested_tensor([torch.ones(1, 1, dtype=torch.bool), torch.ones(1, 2, dtype=torch.bool)])
+    assert _densify(masks, 2, "response_mask").tolist() == [[[True, False]], [[True, True]]]

@@ -45,7 +45,14 @@ def megatron_installed() -> bool:
 
 def config_errors(config) -> list[str]:
     """What a ``RunConfig`` asks of ``--backend megatron`` that it cannot do (without importing it)."""
-    errors = []
+    from relax.backends import optim
+
+    errors = optim.config_errors(config)
+    for field, name in (("bf16", "--bf16"), ("recompute_activations", "--recompute-activations")):
+        if getattr(config, field):
+            errors.append(f"{name} is implemented for --backend torch only; drop it or use --backend torch")
+    if config.lora_rank:
+        errors.append("--lora-rank is implemented for --backend torch only; drop it or use --backend torch")
     if not megatron_installed():
         errors.append(
             "--backend megatron needs megatron-core, which is not installed: pip install 'relax-rl[megatron]' "

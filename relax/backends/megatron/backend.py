@@ -22,6 +22,7 @@ from functools import partial
 import torch
 import torch.distributed as dist
 
+from relax.backends import optim
 from relax.backends.base import LossFn, TokenBatch, TokenLogProbs, TrainingBackend
 from relax.backends.megatron import _cpu_compat
 from relax.backends.megatron.logprobs import vocab_parallel_entropy, vocab_parallel_log_probs
@@ -113,6 +114,10 @@ class MegatronBackend(TrainingBackend):
                 model.config,
                 initial_weights=model.state_dict(),
                 lr=config.lr,
+                schedule=optim.lr_schedule(config),
+                weight_decay=config.weight_decay,
+                adam_betas=(config.adam_beta1, config.adam_beta2),
+                adam_eps=config.adam_eps,
                 clip_grad=config.clip_grad,
                 seed=config.seed,
                 tensor_model_parallel_size=config.tensor_model_parallel_size,
@@ -135,6 +140,7 @@ class MegatronBackend(TrainingBackend):
         *,
         initial_weights: Mapping[str, torch.Tensor] | None = None,
         lr: float = 3e-4,
+        schedule: optim.LRSchedule | None = None,
         clip_grad: float = 1.0,
         weight_decay: float = 0.0,
         adam_betas: tuple[float, float] = (0.9, 0.999),
@@ -213,6 +219,11 @@ class MegatronBackend(TrainingBackend):
                 use_distributed_optimizer=False,
             )
             self.optimizer = get_megatron_optimizer(opt_config, [self.model])
+        # Megatron marks biases and 1-D parameters with wd_mult 0 (optim.decays is the same rule),
+        # but only its LR scheduler, which relax does not use, applies the multiplier: do it here.
+        for group in self.optimizer.param_groups:
+            group["weight_decay"] = weight_decay * group.get("wd_mult", 1.0)
+        self.schedule = None if schedule is None or schedule.is_constant else schedule
         self.config.finalize_model_grads_func = finalize_model_grads
         self.config.no_sync_func = self.model.no_sync
         self.clip_grad = clip_grad
@@ -326,6 +337,8 @@ class MegatronBackend(TrainingBackend):
         self, batch: TokenBatch, loss_fn: LossFn, *, micro_batch_size: int | None = None, with_entropy: bool = True
     ) -> dict[str, float]:
         metrics = self.accumulate_gradients(batch, loss_fn, micro_batch_size=micro_batch_size, with_entropy=with_entropy)
+        if self.schedule is not None:
+            optim.set_learning_rate(self.optimizer, self.schedule.lr(self.steps))
         with _cpu_compat.cpu_device_scope():
             ok, grad_norm, _ = self.optimizer.step()
         if not ok or grad_norm is None or not math.isfinite(grad_norm):

@@ -45,7 +45,15 @@ def export_hf_checkpoint(
     weights: Mapping[str, torch.Tensor], base_checkpoint: str | os.PathLike, directory: str | os.PathLike
 ) -> Path:
     """Write ``weights`` (e.g. ``TrainingBackend.export_weights()``) as a checkpoint with the config and
-    tokenizer of ``base_checkpoint``: for a process that holds weights but not the HF module."""
+    tokenizer of ``base_checkpoint``: for a process that holds weights but not the HF module.
+
+    A LoRA adapter payload (``--lora-rank``) gives the merged model in ``directory`` and the adapter
+    alone, in PEFT's format, in ``directory/adapter``."""
+    from relax.models.hf.lora import is_adapter_payload, save_adapter
+
     model = load_hf_model(base_checkpoint, dtype=None)
     load_hf_state_dict(model, weights)
-    return save_hf_checkpoint(model, directory, tokenizer_source=base_checkpoint)
+    out = save_hf_checkpoint(model, directory, tokenizer_source=base_checkpoint)
+    if is_adapter_payload(weights):
+        save_adapter(weights, out / "adapter", base_model=base_checkpoint)
+    return out

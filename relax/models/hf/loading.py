@@ -177,7 +177,14 @@ def load_hf_state_dict(model: torch.nn.Module, weights: Mapping[str, torch.Tenso
     """``model.load_state_dict(weights, strict=True)`` with an error that lists the name mismatch.
 
     Tied embeddings: ``lm_head.weight`` may be absent from ``weights`` when the model ties it to the
-    input embedding (both names then refer to one tensor)."""
+    input embedding (both names then refer to one tensor). A LoRA adapter payload
+    (``relax.models.hf.lora``, what a ``--lora-rank`` trainer sends) is merged into the model's base
+    weights instead."""
+    from relax.models.hf.lora import is_adapter_payload, merge_adapter
+
+    if is_adapter_payload(weights):
+        merge_adapter(model, weights)
+        return
     own = model.state_dict()
     missing = [k for k in own if k not in weights]
     unexpected = [k for k in weights if k not in own]

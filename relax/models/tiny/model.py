@@ -27,6 +27,7 @@ import attrs
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 
 @attrs.frozen(kw_only=True)
@@ -134,7 +135,24 @@ class TinyCausalLM(nn.Module):
         self.pos_emb = nn.Embedding(c.max_seq_len, c.d_model)
         self.blocks = nn.ModuleList(Block(c) for _ in range(c.n_layers))
         self.ln_f = nn.LayerNorm(c.d_model)
+        self.gradient_checkpointing = False
         self.reset_parameters()
+
+    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs=None) -> None:
+        """Recompute each block's activations in the backward pass (``torch.utils.checkpoint``,
+        non-reentrant) while training with gradients; the same call as a transformers model's."""
+        self.gradient_checkpointing = True
+
+    def hidden_states(self, input_ids, allowed, position_ids, kv_cache: KVCache | None = None) -> torch.Tensor:
+        """The blocks' output after ``ln_f`` ``[B, s, d]`` (``allowed`` from ``_allowed``)."""
+        x = self.tok_emb(input_ids) + self.pos_emb(position_ids)
+        recompute = self.gradient_checkpointing and self.training and kv_cache is None and torch.is_grad_enabled()
+        for layer, block in enumerate(self.blocks):
+            if recompute:
+                x = checkpoint(block, x, allowed, layer, None, use_reentrant=False)
+            else:
+                x = block(x, allowed, layer, kv_cache)
+        return self.ln_f(x)
 
     def reset_parameters(self) -> None:
         for module in self.modules():
@@ -175,10 +193,7 @@ class TinyCausalLM(nn.Module):
                 "sequence is too long for this TinyCausalLM"
             )
         allowed = self._allowed(attention_mask, past, s)
-        x = self.tok_emb(input_ids) + self.pos_emb(position_ids)
-        for layer, block in enumerate(self.blocks):
-            x = block(x, allowed, layer, kv_cache)
-        logits = self.ln_f(x) @ self.tok_emb.weight.T
+        logits = self.hidden_states(input_ids, allowed, position_ids, kv_cache) @ self.tok_emb.weight.T
         if kv_cache is None:
             return logits
         kv_cache.length = total

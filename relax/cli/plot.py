@@ -1,0 +1,161 @@
+"""``relax plot RUN_DIR [RUN_DIR ...] [-o FILE.png]``: reward curves of one or several runs.
+
+One row of panels per reward component (``reward/<key>/mean`` of ``metrics.jsonl``, the combined
+reward and, when a run has them, ``eval/<key>/mean``), the left panel against the training step,
+the right one against wall time (the cumulative ``time/step_s``). Runs are overlaid, each under its
+directory name. Long runs are drawn faintly per step with a moving average on top.
+
+matplotlib is optional (``pip install 'relax-rl[tracking]'``) and imported only here, with the
+non-interactive Agg backend. ``write_run_plot`` is what the end of ``relax train`` calls to leave
+``rewards.png`` in the run directory; it never fails the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+PLOT_NAME = "rewards.png"
+EXTRA_HINT = "pip install 'relax-rl[tracking]'"
+_CURVE = re.compile(r"^(reward|eval)/(?P<key>[^/]+)/mean$")
+
+
+class PlotError(Exception):
+    pass
+
+
+def read_rows(run_dir: Path) -> list[dict]:
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        raise PlotError(f"{run_dir}: no metrics.jsonl (is this a run directory of relax train?)")
+    rows = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise PlotError(f"{path}:{number}: not a JSON line ({exc.msg})") from exc
+    return rows
+
+
+def curve_names(runs: Sequence[tuple[str, list[dict]]]) -> list[str]:
+    """Every ``reward/<key>/mean`` and ``eval/<key>/mean`` of any run, train before eval, in the
+    order the first run logged them (``combined`` last among the train curves)."""
+    seen: dict[str, None] = {}
+    for _, rows in runs:
+        for row in rows:
+            for name in row:
+                if _CURVE.match(name):
+                    seen.setdefault(name, None)
+    names = list(seen)
+    return sorted(names, key=lambda n: (n.startswith("eval/"), n == "reward/combined/mean"))
+
+
+def series(rows: list[dict], name: str) -> tuple[list[int], list[float], list[float]]:
+    """``(steps, wall-clock seconds since the first step started, values)`` of one curve."""
+    steps, times, values, clock = [], [], [], 0.0
+    for row in rows:
+        clock += float(row.get("time/step_s", 0.0) or 0.0)
+        value = row.get(name)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            steps.append(int(row["step"]))
+            times.append(clock)
+            values.append(float(value))
+    return steps, times, values
+
+
+def moving_average(values: list[float], window: int) -> list[float]:
+    out, total = [], 0.0
+    for i, value in enumerate(values):
+        total += value
+        if i >= window:
+            total -= values[i - window]
+        out.append(total / min(i + 1, window))
+    return out
+
+
+def plot_runs(run_dirs: Sequence[str | Path], output: str | Path) -> Path:
+    """Draw the reward curves of ``run_dirs`` into ``output`` (PNG); returns its path."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        raise PlotError(f"plotting needs matplotlib ({exc}); {EXTRA_HINT}") from exc
+    runs = []
+    for run_dir in run_dirs:
+        path = Path(run_dir)
+        runs.append((path.resolve().name or str(path), read_rows(path)))
+    names = curve_names(runs)
+    if not names:
+        raise PlotError(f"no reward/<key>/mean values in {', '.join(map(str, run_dirs))}")
+    fig, axes = plt.subplots(len(names), 2, figsize=(11, 2.6 * len(names) + 0.6), squeeze=False)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for row_axes, name in zip(axes, names):
+        for index, (label, rows) in enumerate(runs):
+            steps, times, values = series(rows, name)
+            if not steps:
+                continue
+            color = colors[index % len(colors)]
+            window = max(1, len(values) // 25)
+            for ax, x in zip(row_axes, (steps, times)):
+                if window > 1:
+                    ax.plot(x, values, color=color, alpha=0.25, linewidth=0.8)
+                    ax.plot(x, moving_average(values, window), color=color, label=label, linewidth=1.6)
+                else:
+                    ax.plot(x, values, color=color, label=label, linewidth=1.6, marker="." if len(x) < 30 else None)
+        row_axes[0].set_ylabel(name, fontsize=9)
+        row_axes[0].set_xlabel("step")
+        row_axes[1].set_xlabel("wall time (s)")
+        for ax in row_axes:
+            ax.grid(alpha=0.3)
+    axes[0][1].legend(fontsize=8, loc="best")
+    fig.suptitle("reward curves: " + ", ".join(label for label, _ in runs), fontsize=10)
+    fig.tight_layout()
+    output = Path(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(output, dpi=100)
+    plt.close(fig)
+    return output
+
+
+def write_run_plot(run_dir: str | Path) -> Path | None:
+    """``<run_dir>/rewards.png`` at the end of a run when matplotlib is installed and the run logged
+    a step; says where on stderr. Never raises: a plot must not fail a finished run."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return None
+    try:
+        if not (Path(run_dir) / "metrics.jsonl").is_file() or not read_rows(Path(run_dir)):
+            return None
+        path = plot_runs([run_dir], Path(run_dir) / PLOT_NAME)
+    except Exception as exc:  # noqa: BLE001 - a plot never fails a run
+        print(f"relax: could not plot the reward curves: {exc}", file=sys.stderr)
+        return None
+    print(f"relax: reward curves: {path}", file=sys.stderr)
+    return path
+
+
+def add_plot_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories (with metrics.jsonl)")
+    parser.add_argument(
+        "-o", "--output", default=None, metavar="FILE.png",
+        help=f"where the figure goes (default: RUN_DIR/{PLOT_NAME} for one run, ./{PLOT_NAME} for several)",
+    )
+
+
+def run_plot(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    output = args.output or (Path(args.run_dirs[0]) / PLOT_NAME if len(args.run_dirs) == 1 else Path(PLOT_NAME))
+    try:
+        path = plot_runs(args.run_dirs, output)
+    except PlotError as exc:
+        parser.error(str(exc))
+    print(path)
+    return 0

@@ -1,0 +1,44 @@
+"""One step's rollout reports, merged: the plan's input and the step's rollout metrics.
+
+Every rollout worker reports its kept groups, its raw ``[n, K]`` rewards before the group filter and
+its counts and timings. Merging in worker order (never in order of arrival) keeps a run with
+several workers deterministic, and computing the reward statistics once on the concatenated
+rewards gives exactly the numbers one worker would compute on the whole batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from relax.runtime.metrics import response_metrics, reward_metrics
+from relax.runtime.schedule import StepPlan, plan_step
+
+
+def plan_from_rollouts(rolls: Sequence[dict], num_minibatches: int, world_size: int) -> StepPlan:
+    """The step's mini-batch plan; every role derives the same one from the same reports."""
+    uids = [u for r in rolls for u in r["kept_uids"]]
+    tokens = [t for r in rolls for t in r["group_tokens"]]
+    return plan_step(uids, tokens, rolls[0]["group_size"], num_minibatches, world_size)
+
+
+def rollout_metrics(algorithm, rolls: Sequence[dict]) -> dict[str, float]:
+    """The step's ``reward/*``, ``multi_reward/*`` (and the method's own) statistics over all
+    workers' samples, the group counts, response length and the slowest worker's timings."""
+    rewards = torch.cat([r["raw_rewards"] for r in rolls])
+    group_ids = torch.cat([r["group_ids"] for r in rolls])
+    metrics = reward_metrics(algorithm, rewards, group_ids, algorithm.config.reward_keys)
+    kept = sum(len(r["kept_uids"]) for r in rolls)
+    groups = sum(r["samples"] for r in rolls) // rolls[0]["group_size"]
+    generated = sum(r["generated_tokens"] for r in rolls)
+    metrics.update({
+        "rollout/groups_kept": kept,
+        "rollout/groups_dropped": groups - kept,
+        "rollout/response_len": generated / sum(r["samples"] for r in rolls),
+        "rollout/generated_tokens": generated,
+    })
+    for key in rolls[0]["times"]:
+        metrics[key] = max(r["times"][key] for r in rolls)
+    metrics.update(response_metrics(rolls))  # length max, truncated share, tokens/s; --log-completions
+    return metrics

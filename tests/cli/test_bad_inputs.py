@@ -1,0 +1,569 @@
+"""The bad-input table: each mistake a user can make before training exits with status 2, one
+``relax train: error:`` message naming the flag, file, line, sample or key, no traceback, and leaves
+every file the user had untouched. Pre-flight (relax/cli/preflight.py) runs these checks before any
+process starts, in ``--dry-run`` too.
+
+The table runs ``relax.cli.main.main`` in-process with ``run_train`` replaced by a stub that fails the
+test: if a mistake got past pre-flight, nothing would start. A few cases at the end check that the
+fixes the messages suggest pass, and that the lock and SIGTERM behave in a real process.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import relax.cli.preflight as preflight_module
+from relax.algorithms.config import AlgorithmConfig
+from relax.cli.config_file import write_effective_config
+from relax.runtime.config import RunConfig
+
+REWARDS_MODULE = "relax_bad_input_rewards"
+REWARDS_SOURCE = textwrap.dedent(
+    """
+    import time
+
+    def good(prompt, completion, label, metadata):
+        return float(completion.strip() == str(label))
+
+    def raises(prompt, completion, label, metadata):
+        return float(int(completion))
+
+    def nan(prompt, completion, label, metadata):
+        return float("nan")
+
+    def inf(prompt, completion, label, metadata):
+        return float("inf")
+
+    def text(prompt, completion, label, metadata):
+        return "1.0"
+
+    def none(prompt, completion, label, metadata):
+        return None
+
+    def boolean(prompt, completion, label, metadata):
+        return completion == str(label)
+
+    def huge(prompt, completion, label, metadata):
+        return 1e39
+
+    def wrong_key(prompt, completion, label, metadata):
+        return {"accuracy": 1.0}
+
+    def hangs(prompt, completion, label, metadata):
+        time.sleep(20)
+        return 0.0
+
+    def two_args(prompt, completion):
+        return 0.0
+    """
+)
+
+
+# -- fixtures ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def preflight_off():
+    """Overrides tests/cli/conftest.py's fixture of the same name: pre-flight is what these test."""
+    yield
+
+
+@pytest.fixture(autouse=True)
+def fixed_task_keys():
+    """Overrides the conftest fixture: the real built-in task (its reward function is called)."""
+    yield
+
+
+@pytest.fixture(scope="module")
+def rewards_dir(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("bad_input_rewards")
+    (directory / f"{REWARDS_MODULE}.py").write_text(REWARDS_SOURCE)
+    (directory / "relax_boom_algo.py").write_text("raise RuntimeError('boom at import')\n")
+    (directory / "relax_init_algo.py").write_text(textwrap.dedent(
+        """
+        from relax.algorithms.grpo import GRPO
+
+        class NeedsTemperature(GRPO):
+            def __init__(self, config):
+                super().__init__(config)
+                raise ValueError("set MY_TEMPERATURE first")
+        """
+    ))
+    sys.path.insert(0, str(directory))
+    yield directory
+    sys.path.remove(str(directory))
+    for name in (REWARDS_MODULE, "relax_boom_algo", "relax_init_algo"):
+        sys.modules.pop(name, None)
+    from relax.algorithms.base import AlgorithmMeta
+
+    AlgorithmMeta.defined[:] = [c for c in AlgorithmMeta.defined if c.__module__ != "relax_init_algo"]
+
+
+@pytest.fixture
+def ws(tmp_path, monkeypatch, rewards_dir):
+    """A user's working directory holding good and bad inputs; the test runs in it."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(preflight_module, "REWARD_PREFLIGHT_TIMEOUT_S", 1.0)
+    d = tmp_path
+    (d / "good.jsonl").write_text('{"prompt": "<bos>1+2=", "label": 3}\n{"prompt": "<bos>4+4=", "label": 8}\n')
+    (d / "bad_json.jsonl").write_text('{"prompt": "<bos>1+2=", "label": 3}\n{"prompt": "<bos>1+\n')
+    (d / "no_prompt.jsonl").write_text('{"prompt": "<bos>1+2=", "label": 3}\n{"question": "x", "label": 1}\n')
+    (d / "no_label.jsonl").write_text('{"prompt": "<bos>1+2="}\n')
+    (d / "latin1.jsonl").write_bytes('{"prompt": "caf\u00e9", "label": 1}\n'.encode("latin-1"))
+    (d / "empty.jsonl").write_text("\n\n")
+    (d / "broken.parquet").write_bytes(b"PAR1 this is not parquet")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"prompt": pa.array([], pa.string()), "label": pa.array([], pa.int64())}),
+                   str(d / "empty.parquet"))
+    (d / "data.csv").write_text("prompt,label\n1+2=,3\n")
+    (d / "number_prompt.jsonl").write_text('{"prompt": 12, "label": 3}\n')
+    (d / "array_row.jsonl").write_text('["<bos>1+2=", 3]\n')
+    (d / "messages.jsonl").write_text('{"prompt": [{"role": "user", "content": "1+2="}], "label": 3}\n')
+    hf = d / "hf_no_config"
+    hf.mkdir()
+    (hf / "model.safetensors").write_bytes(b"")
+    hf_bad = d / "hf_bad_config"
+    hf_bad.mkdir()
+    (hf_bad / "config.json").write_text("{not json")
+    hf_empty = d / "hf_no_weights"
+    hf_empty.mkdir()
+    (hf_empty / "config.json").write_text('{"model_type": "llama"}')
+    (d / "a_file").write_text("I am a file\n")
+    for name, model_type in (("hf_unknown_arch", "no_such_arch"), ("hf_no_tokenizer", "llama")):
+        (d / name).mkdir()
+        (d / name / "config.json").write_text(f'{{"model_type": "{model_type}"}}')
+        (d / name / "model.safetensors").write_bytes(b"")
+    (d / "twice.yaml").write_text("lr: 0.001\nseed: 3\nlr: 0.01\n")
+    (d / "unreadable.yaml").write_bytes(b"lr: [0.1\n")
+    # another run's directory, with the config.yaml relax wrote for it
+    run = d / "old_run"
+    task_keys = AlgorithmConfig(reward_keys=("correct", "digits", "format", "length"))
+    write_effective_config(RunConfig(algorithm=task_keys, output_dir=str(run), run_name="old_run", num_rollout=20))
+    (run / "metrics.jsonl").write_text("".join(f'{{"step": {i}}}\n' for i in range(1, 21)))
+    ckpts = d / "ckpts"
+    ckpts.mkdir()
+    (ckpts / "empty.pt").write_bytes(b"")
+    (ckpts / "garbage.pt").write_bytes(os.urandom(256))
+    torch.save(_state(), ckpts / "full.pt")
+    (ckpts / "truncated.pt").write_bytes((ckpts / "full.pt").read_bytes()[:100])
+    torch.save({"step": 3}, ckpts / "partial.pt")
+    torch.save([1, 2, 3], ckpts / "a_list.pt")
+    torch.save(_state(advantage_estimator="rloo"), ckpts / "rloo.pt")
+    torch.save(_state(step=50), ckpts / "step50.pt")
+    torch.save(_state(backend="megatron"), ckpts / "megatron.pt")
+    torch.save(_state(advantage_estimator="ppo"), ckpts / "ppo_without_critic.pt")
+    torch.save(_state(rollout={"prompts": {"seed": 7, "counter": 64}}), ckpts / "seed7.pt")
+    (d / "no_ckpt_run").mkdir()
+    resumable = d / "resumable"
+    (resumable / "checkpoints" / "step_000002").mkdir(parents=True)
+    torch.save(_state(), resumable / "checkpoints" / "step_000002" / "state.pt")
+    (resumable / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n')
+    return d
+
+
+def _state(**changes) -> dict:
+    state = {"step": 2, "actor": {"backend": {"model": {}, "optimizer": {}, "step": 0}}, "rollout": {},
+             "critic": None, "advantage_estimator": "grpo", "backend": "torch"}
+    return {**state, **changes}
+
+
+def _snapshot(root: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and "__pycache__" not in p.parts
+    }
+
+
+@pytest.fixture
+def refuse(cli, ws, monkeypatch):
+    """Run ``relax train ARGV``; assert exit 2, one error line, no traceback, nothing changed in ws."""
+
+    def must_not_start(config):
+        raise AssertionError("pre-flight let a bad input through: the run would have started")
+
+    monkeypatch.setattr("relax.cli.main.run_train", must_not_start)
+
+    def run(*argv, dry_run: bool = True) -> str:
+        before = _snapshot(ws)
+        code, out, err = cli("train", *argv, *(["--dry-run"] if dry_run else []))
+        assert code == 2, err
+        assert "Traceback" not in err
+        assert err.count("relax train: error:") == 1, err
+        assert out == ""
+        assert _snapshot(ws) == before, "a file the user had was changed"
+        assert not (ws / "outputs").exists(), "a rejected run created its output directory"
+        return err
+
+    return run
+
+
+# -- the table -----------------------------------------------------------------------------------
+
+R = REWARDS_MODULE
+DATA = "--prompt-data"
+RM = "--custom-rm-path"
+
+CASES = [
+    # prompt data
+    ("jsonl_bad_json", [DATA, "bad_json.jsonl", RM, f"{R}:good"], "line 2: not valid JSON"),
+    ("jsonl_missing_prompt", [DATA, "no_prompt.jsonl", RM, f"{R}:good"], "line 2: missing --input-key 'prompt'"),
+    ("jsonl_missing_label", [DATA, "no_label.jsonl", RM, f"{R}:good"], "line 1: missing --label-key 'label'"),
+    ("jsonl_not_utf8", [DATA, "latin1.jsonl", RM, f"{R}:good"], "line 1: not UTF-8 text"),
+    ("jsonl_empty", [DATA, "empty.jsonl", RM, f"{R}:good"], "holds no prompts"),
+    ("parquet_empty", [DATA, "empty.parquet", RM, f"{R}:good"], "holds no prompts (it has no rows)"),
+    ("parquet_corrupt", [DATA, "broken.parquet", RM, f"{R}:good"], "is not a readable Parquet file"),
+    ("data_unknown_type", [DATA, "data.csv", RM, f"{R}:good"], "unknown file type '.csv'"),
+    ("data_missing_file", [DATA, "nope.jsonl", RM, f"{R}:good"], "--prompt-data nope.jsonl: no such file"),
+    ("prompt_not_text", [DATA, "number_prompt.jsonl", RM, f"{R}:good"], "must be a string or a list of messages"),
+    ("row_not_object", [DATA, "array_row.jsonl", RM, f"{R}:good"], "line 1: expected a JSON object, got list"),
+    ("all_prompts_too_long", [DATA, "good.jsonl", RM, f"{R}:good", "--max-prompt-len", "1"], "raise --max-prompt-len"),
+    ("messages_without_template", [DATA, "messages.jsonl", RM, f"{R}:good"],
+     "needs --apply-chat-template and a tokenizer with a chat template"),
+    ("chat_template_missing", [DATA, "good.jsonl", RM, f"{R}:good", "--apply-chat-template"], "has no chat template"),
+    ("data_without_reward_fn", [DATA, "good.jsonl"], "produces only correct, digits, format, length, never 'reward'"),
+    # reward functions
+    ("reward_raises", [DATA, "good.jsonl", RM, f"{R}:raises"], "line 1, completion '': reward function"),
+    ("reward_nan", [DATA, "good.jsonl", RM, f"{R}:nan"], "'reward' = nan, which is not finite"),
+    ("reward_inf", [DATA, "good.jsonl", RM, f"{R}:inf"], "'reward' = inf, which is not finite"),
+    ("reward_str", [DATA, "good.jsonl", RM, f"{R}:text"], "returned '1.0' of type str"),
+    ("reward_none", [DATA, "good.jsonl", RM, f"{R}:none"], "returned None of type NoneType"),
+    ("reward_bool", [DATA, "good.jsonl", RM, f"{R}:boolean"], "a bool; return a number"),
+    ("reward_huge", [DATA, "good.jsonl", RM, f"{R}:huge"], "overflows float32"),
+    ("reward_missing_key", [DATA, "good.jsonl", RM, f"{R}:wrong_key"], "returned no component 'reward'"),
+    ("reward_hangs", [DATA, "good.jsonl", RM, f"{R}:hangs"], "did not return within 1s"),
+    ("reward_signature", [DATA, "good.jsonl", RM, f"{R}:two_args"], "must accept (prompt, completion, label, metadata)"),
+    ("reward_not_found", [RM, f"{R}:missing_function"], R),
+    ("task_unknown_with_data", [DATA, "good.jsonl", RM, f"{R}:good", "--task", "nope"], "unknown task 'nope' (--task)"),
+    ("task_reward_keys", ["--reward-keys", "correct", "brevity"], "never 'brevity'"),
+    # models
+    ("hf_without_config", ["--hf-checkpoint", "hf_no_config"], "has no config.json"),
+    ("hf_config_not_json", ["--hf-checkpoint", "hf_bad_config"], "config.json is not valid JSON"),
+    ("hf_without_weights", ["--hf-checkpoint", "hf_no_weights"], "no model weights"),
+    ("hf_unknown_architecture", ["--hf-checkpoint", "hf_unknown_arch"], "transformers cannot read its config.json"),
+    ("hf_without_tokenizer", ["--hf-checkpoint", "hf_no_tokenizer"], "the directory needs the tokenizer files"),
+    ("hf_is_a_file", ["--hf-checkpoint", "a_file"], "is a file, not a directory"),
+    ("algorithm_raises_on_import", ["--advantage-estimator", "relax_boom_algo:Algo"], "boom at import"),
+    # configuration files
+    ("yaml_key_twice", ["--config", "twice.yaml"], "key 'lr' is written twice (lines 1 and 3); keep one"),
+    ("yaml_invalid", ["--config", "unreadable.yaml"], "is not valid YAML"),
+    ("yaml_missing", ["--config", "nope.yaml"], "--config nope.yaml: cannot read nope.yaml"),
+    ("algorithm_constructor_raises", ["--advantage-estimator", "relax_init_algo:NeedsTemperature"],
+     "NeedsTemperature(config) raised ValueError: set MY_TEMPERATURE first"),
+    # seed
+    ("seed_too_large", ["--seed", str(10**20)], "argument --seed: 100000000000000000000 is out of range"),
+    ("seed_negative", ["--seed", "-1"], "argument --seed: -1 is out of range"),
+    # output directory
+    ("output_dir_is_file", ["--output-dir", "a_file"], "--output-dir a_file is a file, not a directory"),
+    ("output_dir_under_file", ["--output-dir", "a_file/run"], "a_file is a file, so the directory cannot be created"),
+    ("output_dir_holds_run", ["--output-dir", "old_run"], "--output-dir old_run already holds a run (metrics.jsonl with 20 steps)"),
+    ("output_dir_holds_resumable_run", ["--output-dir", "resumable"],
+     ("already holds a run (metrics.jsonl with 2 steps, 1 checkpoint); relax never writes over a run: choose "
+      "another --output-dir, add --load resumable to resume it or pass --overwrite-output-dir")),
+    ("config_of_another_run", ["--config", "old_run/config.yaml"], "already holds a run (metrics.jsonl with 20 steps)"),
+    # --load
+    ("load_no_checkpoint", ["--load", "no_ckpt_run"], "--load no_ckpt_run: no checkpoint found"),
+    ("load_empty_file", ["--load", "ckpts/empty.pt"], "the checkpoint file is empty"),
+    ("load_garbage", ["--load", "ckpts/garbage.pt"], "not a readable relax checkpoint"),
+    ("load_truncated", ["--load", "ckpts/truncated.pt"], "not a readable relax checkpoint"),
+    ("load_incomplete", ["--load", "ckpts/partial.pt"], "incomplete checkpoint, missing actor, rollout, critic"),
+    ("load_not_a_dict", ["--load", "ckpts/a_list.pt"], "holds a list, not a relax checkpoint"),
+    ("load_other_method", ["--load", "ckpts/rloo.pt"], "trained with --advantage-estimator 'rloo'"),
+    ("load_past_the_end", ["--load", "ckpts/step50.pt", "--num-rollout", "50"], "nothing left to train"),
+    ("load_other_backend", ["--load", "ckpts/megatron.pt"], "written by --backend megatron"),
+    ("load_critic_mismatch", ["--load", "ckpts/ppo_without_critic.pt", "--advantage-estimator", "ppo"],
+     "disagree on whether a critic exists"),
+    ("load_other_seed", ["--load", "ckpts/seed7.pt"], "trained with --seed 7, this run has --seed 1234"),
+    # cluster
+    ("ray_address_dead", ["--ray-address", "127.0.0.1:1"], "--ray-address 127.0.0.1:1: nothing answers"),
+]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("argv, message", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_input_is_refused_before_anything_starts(refuse, argv, message):
+    err = refuse(*argv)
+    assert message in err
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("argv, message", [
+    (["--output-dir", "old_run"], "already holds a run"),
+    ([DATA, "bad_json.jsonl", RM, f"{R}:good"], "line 2: not valid JSON"),
+    (["--load", "ckpts/garbage.pt"], "not a readable relax checkpoint"),
+], ids=["output_dir", "data", "load"])
+def test_without_dry_run_too(refuse, argv, message):
+    assert message in refuse(*argv, dry_run=False)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root may write anywhere")
+def test_unwritable_output_dir(refuse, ws):
+    locked = ws / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        assert "is not writable" in refuse("--output-dir", "locked/run")
+    finally:
+        locked.chmod(0o700)
+
+
+def test_the_table_is_large_enough():
+    assert len({c[0] for c in CASES}) == len(CASES) >= 40
+
+
+# -- the fixes the messages suggest pass ----------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("argv", [
+    ["--output-dir", "new_run"],                               # instead of another run's directory
+    ["--output-dir", "old_run", "--overwrite-output-dir"],     # or replace it
+    ["--config", "old_run/config.yaml", "--output-dir", "repeat"],  # the config.yaml header's recipe
+    [DATA, "good.jsonl", "--reward-keys", "correct", "digits", "format", "length"],
+    [DATA, "good.jsonl", RM, f"{R}:good"],
+    ["--advantage-estimator", "gdpo", "--reward-keys", "correct", "digits", "format", "length"],
+    ["--seed", str(2**32 - 1)],
+    ["--load", "ckpts/step50.pt", "--num-rollout", "51"],
+    ["--load", "ckpts/full.pt"],
+    ["--output-dir", "resumable", "--load", "resumable"],
+    ["--load", "ckpts/seed7.pt", "--seed", "7"],
+    ["--load", "ckpts/rloo.pt", "--advantage-estimator", "rloo"],
+    [DATA, "no_label.jsonl", RM, f"{R}:good", "--label-key", ""],
+], ids=["new_dir", "overwrite", "config_new_dir", "task_keys", "reward_fn", "gdpo_task_keys", "seed_max",
+        "more_steps", "good_checkpoint", "resume_in_place", "resume_seed", "resume_method", "no_labels"])
+def test_suggested_fixes_pass(cli, ws, argv):
+    before = _snapshot(ws)
+    code, _, err = cli("train", *argv, "--dry-run")
+    assert code == 0, err
+    assert _snapshot(ws) == before  # --dry-run writes nothing, --overwrite-output-dir included
+
+
+def test_dropped_prompts_are_one_relax_warning(cli, ws):
+    (ws / "mixed.jsonl").write_text('{"prompt": "<bos>1+2=", "label": 3}\n{"prompt": "<bos>1+2=<a>3</a>", "label": 3}\n')
+    code, _, err = cli("train", DATA, "mixed.jsonl", RM, f"{R}:good", "--max-prompt-len", "6", "--dry-run")
+    assert code == 0, err
+    expected = (
+        "relax train: warning: --prompt-data mixed.jsonl: dropped 1 of 2 prompts longer than --max-prompt-len 6 "
+        "tokens, e.g. line 2 (8 tokens)"
+    )
+    assert err.strip().splitlines() == [expected]
+
+
+def test_gdpo_one_key_message_names_fixes_that_pass(cli, ws):
+    code, _, err = cli("train", "--advantage-estimator", "gdpo", "--reward-keys", "correct", "--dry-run")
+    assert code == 2 and "or --reward-keys correct digits format length (the components of --task addition)" in err
+
+
+def test_written_config_never_sets_overwrite(ws):
+    path = write_effective_config(RunConfig(output_dir=str(ws / "r"), overwrite_output_dir=True))
+    text = path.read_text()
+    assert "overwrite_output_dir: false" in text and "--output-dir NEW_DIR" in text
+
+
+# -- the run directory lock, --overwrite-output-dir at run time -------------------------------------
+
+HOLD_LOCK = textwrap.dedent(
+    """
+    import sys, time
+    from relax.runtime.run_dir import lock_run_dir
+    lock = lock_run_dir(sys.argv[1])
+    print("locked", flush=True)
+    time.sleep(60)
+    """
+)
+
+
+@pytest.mark.timeout(60)
+def test_a_second_run_on_a_locked_directory_is_refused(refuse, ws):
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(ws / "busy")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        err = refuse("--output-dir", "busy", dry_run=False)
+        assert "--output-dir busy is in use by another relax run" in err and f"pid {holder.pid}" in err
+    finally:
+        holder.kill()
+        holder.wait()
+    from relax.runtime.run_dir import lock_run_dir
+
+    lock_run_dir(ws / "busy").release()  # the kernel dropped the dead holder's lock
+
+
+def test_lock_is_reentrant_in_one_process_and_released(tmp_path):
+    from relax.runtime.run_dir import RunDirError, lock_holder, lock_run_dir
+
+    lock = lock_run_dir(tmp_path / "r")
+    assert lock_run_dir(tmp_path / "r") is lock and lock_holder(tmp_path / "r") is None
+    (tmp_path / "r" / "metrics.jsonl").write_text('{"step": 1}\n')
+    lock.release()
+    with pytest.raises(RunDirError, match="already holds a run"):
+        lock_run_dir(tmp_path / "r")
+    lock_run_dir(tmp_path / "r", resuming=True).release()
+    assert (tmp_path / "r" / "metrics.jsonl").exists()
+
+
+def test_overwrite_output_dir_clears_only_the_old_run(tmp_path):
+    from relax.runtime.run_dir import lock_run_dir
+
+    run = tmp_path / "r"
+    (run / "checkpoints" / "step_000002").mkdir(parents=True)
+    (run / "checkpoints" / "step_000002" / "state.pt").write_bytes(b"x")
+    (run / "metrics.jsonl").write_text('{"step": 1}\n')
+    (run / "notes.txt").write_text("mine")
+    lock_run_dir(run, overwrite=True).release()
+    assert not (run / "metrics.jsonl").exists() and not (run / "checkpoints").exists()
+    assert (run / "notes.txt").read_text() == "mine"
+
+
+# -- errors that travel -----------------------------------------------------------------------------
+
+
+def test_run_errors_pickle_intact():
+    import pickle
+
+    from relax.algorithms.types import AlgorithmOutputError
+    from relax.rollout.data import PromptDataError
+    from relax.rollout.rewards import RewardError
+    from relax.runtime.checkpoints import CheckpointError
+    from relax.runtime.run_dir import RunDirError
+
+    data_error = PromptDataError("d.jsonl", [(2, "not valid JSON"), (5, "missing --input-key 'prompt'")], "line")
+    copy = pickle.loads(pickle.dumps(data_error))
+    assert str(copy) == str(data_error) and copy.errors == data_error.errors and "line 5" in str(copy)
+    from relax.cli.validation import ConfigError
+
+    assert pickle.loads(pickle.dumps(ConfigError(["a", "b"]))).errors == ["a", "b"]
+    for cls in (RewardError, CheckpointError, RunDirError, AlgorithmOutputError):
+        assert str(pickle.loads(pickle.dumps(cls("msg")))) == "msg"
+
+
+def test_ray_address_without_listener_fails_fast():
+    from relax.runtime.cluster import check_ray_address
+
+    t0 = time.monotonic()
+    with pytest.raises(ConnectionError, match="--ray-address 127.0.0.1:1: nothing answers"):
+        check_ray_address("127.0.0.1:1", timeout=2)
+    assert time.monotonic() - t0 < 10
+    check_ray_address("auto")  # left to Ray
+
+
+def test_sigterm_shuts_down_like_ctrl_c(cli, ws, monkeypatch):
+    """The handler turns SIGTERM into the KeyboardInterrupt path (exit 143, one line)."""
+    calls = []
+
+    def run_train(config):
+        calls.append(config)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # interrupted by the handler
+        raise AssertionError("SIGTERM was not delivered as an interrupt")
+
+    monkeypatch.setattr("relax.cli.main.run_train", run_train)
+    previous = signal.getsignal(signal.SIGTERM)
+    code, _, err = cli("train", "--output-dir", "sig")
+    assert code == 143 and calls and "relax train: terminated (SIGTERM)" in err
+    assert signal.getsignal(signal.SIGTERM) == previous  # restored
+
+
+def test_worker_failure_is_one_line(monkeypatch, cli, ws):
+    """A RayTaskError-wrapped failure inside a worker is printed once, in relax's words, exit 1."""
+    from relax.algorithms.types import AlgorithmOutputError
+    from relax.runtime.cluster import WorkerDied
+
+    class FakeRayTaskError(Exception):
+        def __init__(self, cause):
+            super().__init__("Traceback (most recent call last): ... long remote traceback")
+            self.cause = cause
+
+    def run_train(config):
+        cause = AlgorithmOutputError("MyGRPO.policy_loss at step 3 returned a non-finite loss (nan)")
+        try:
+            raise FakeRayTaskError(cause)
+        except FakeRayTaskError as exc:
+            raise WorkerDied(f"the actor/critic worker failed: {exc}") from exc
+
+    monkeypatch.setattr("relax.cli.main.run_train", run_train)
+    code, _, err = cli("train", "--output-dir", "w")
+    assert code == 1
+    assert err.strip().splitlines()[-1] == (
+        "relax train: error: the actor/critic worker failed: AlgorithmOutputError: MyGRPO.policy_loss at step 3 "
+        "returned a non-finite loss (nan)"
+    )
+    assert "Traceback" not in err
+
+
+# -- real runs: a few, end to end -----------------------------------------------------------------
+
+RUN_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "RAY_USAGE_STATS_ENABLED": "0", "HF_HUB_OFFLINE": "1"}
+
+
+def _relax(*argv, cwd) -> subprocess.Popen:
+    script = "import sys; from relax.cli.main import main; sys.exit(main(sys.argv[1:]))"
+    return subprocess.Popen([sys.executable, "-c", script, "train", *argv], cwd=cwd, env=RUN_ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_a_running_run_is_locked_and_sigterm_shuts_it_down_like_ctrl_c(cli, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    run = _relax("--num-rollout", "400", "--output-dir", "live", "--no-progress", cwd=tmp_path)
+    metrics = tmp_path / "live" / "metrics.jsonl"
+    try:
+        deadline = time.monotonic() + 240
+        while not (metrics.exists() and metrics.stat().st_size) and run.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert run.poll() is None, run.communicate()[1]
+        # a second run on the same directory is refused, naming the directory and the process
+        code, _, err = cli("train", "--output-dir", "live")
+        assert code == 2 and "--output-dir live is in use by another relax run" in err and f"pid {run.pid}" in err
+        run.send_signal(signal.SIGTERM)
+        _, stderr = run.communicate(timeout=120)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    assert run.returncode == 143, stderr
+    assert "relax train: terminated (SIGTERM)" in stderr and "relax: interrupted; shutting down" in stderr
+    assert "Traceback" not in stderr and "Aborted" not in stderr
+    # the repeat-this-run recipe without a new directory is refused and keeps the metrics
+    kept = metrics.read_text()
+    code, _, err = cli("train", "--config", "live/config.yaml")
+    assert code == 2 and "--output-dir live already holds a run" in err
+    assert metrics.read_text() == kept
+
+
+NAN_LOSS = textwrap.dedent(
+    """
+    from relax.algorithms.grpo import GRPO
+
+    class NaNLoss(GRPO):
+        def policy_loss(self, inputs):
+            out = super().policy_loss(inputs)
+            return type(out)(loss=out.loss * float("nan"), metrics=out.metrics)
+    """
+)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_a_users_nan_loss_stops_the_run_with_one_line(tmp_path):
+    (tmp_path / "relax_nan_loss.py").write_text(NAN_LOSS)
+    run = _relax("--advantage-estimator", "relax_nan_loss:NaNLoss", "--num-rollout", "3", "--output-dir", "nan",
+                 "--no-progress", cwd=tmp_path)
+    _, stderr = run.communicate(timeout=300)
+    assert run.returncode == 1, stderr
+    assert stderr.strip().splitlines()[-1].startswith(
+        "relax train: error: the actor/critic worker failed: AlgorithmOutputError: NaNLoss.policy_loss"
+    ), stderr
+    assert "returned a non-finite loss (nan)" in stderr and stderr.count("relax train: error:") == 1

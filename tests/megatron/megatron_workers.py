@@ -283,3 +283,33 @@ def optimizer_flags(rank: int, world: int) -> dict:
     decay.train_step(batch, zero_loss)
     out["decayed"] = decay.export_weights()
     return out
+
+
+def recompute(rank: int, world: int) -> dict:
+    """The same training with and without ``--recompute-activations`` (full-layer recomputation)."""
+    from megatron.core.transformer.transformer_block import TransformerBlock
+
+    batch = make_batch()
+    calls = []
+    original = TransformerBlock._checkpointed_forward
+
+    def counting(self, *args, **kwargs):
+        calls.append(1)
+        return original(self, *args, **kwargs)
+
+    TransformerBlock._checkpointed_forward = counting
+    out = {}
+    plain = _megatron()
+    out["plain"] = run_training(plain, batch)["metrics"]
+    out["plain_trained"] = plain.export_weights()
+    from relax.backends.megatron.backend import MegatronBackend
+    from relax.runtime.config import RunConfig
+
+    model = TinyCausalLM(CFG)
+    model.load_state_dict(initial_weights())
+    config = RunConfig(lr=LR, adam_eps=ADAM_EPS, clip_grad=1.0, seed=7, recompute_activations=True)
+    recomputed = MegatronBackend.for_policy(config, model)  # the flag as `relax train` passes it
+    out["recompute"] = run_training(recomputed, batch)["metrics"]
+    out["recompute_trained"] = recomputed.export_weights()
+    out["checkpointed_calls"] = len(calls)
+    return out

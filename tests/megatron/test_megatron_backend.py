@@ -181,3 +181,12 @@ def test_optimizer_flags_follow_the_torch_backend():
     for name, value in out["decayed"].items():
         factor = 1 - 0.1 * 0.5 if decays(name, value) else 1.0
         torch.testing.assert_close(value, initial[name] * factor, rtol=0, atol=1e-7, msg=name)
+
+
+@pytest.mark.timeout(180)
+def test_recompute_activations_gives_the_same_training():
+    out = run_distributed(W.recompute, 1)[0]
+    assert out["checkpointed_calls"] == W.STEPS * 3  # one checkpointed pass per micro-batch of each step
+    for a, b in zip(out["recompute"], out["plain"]):
+        assert a["loss"] == pytest.approx(b["loss"], abs=1e-7) and a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-6)
+    assert _max_diff(out["recompute_trained"], out["plain_trained"]) < 1e-6

@@ -48,9 +48,8 @@ def config_errors(config) -> list[str]:
     from relax.backends import optim
 
     errors = optim.config_errors(config)
-    for field, name in (("bf16", "--bf16"), ("recompute_activations", "--recompute-activations")):
-        if getattr(config, field):
-            errors.append(f"{name} is implemented for --backend torch only; drop it or use --backend torch")
+    if config.bf16:
+        errors.append("--bf16 is implemented for --backend torch only; drop it or use --backend torch")
     if config.lora_rank:
         errors.append("--lora-rank is implemented for --backend torch only; drop it or use --backend torch")
     if not megatron_installed():

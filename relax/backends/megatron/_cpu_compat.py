@@ -10,6 +10,9 @@ attention mask, dropout 0 with the inference RNG tracker). Measured on megatron-
   Fix: :func:`apply` makes ``torch.cuda.current_device`` return ``"cpu"`` (process-wide, idempotent).
 - ``torch.cuda.synchronize()`` after pipeline point-to-point sends (``p2p_communication.py``):
   :func:`apply` makes it a no-op (CPU collectives are synchronous).
+- ``torch.cuda.get_rng_state`` / ``set_rng_state`` around a recomputed block
+  (``tensor_parallel/random.py``, ``--recompute-activations``): :func:`apply` makes megatron's two
+  wrappers save an empty state and restore nothing (no CUDA RNG exists; dropout is 0).
 - literal ``device="cuda"`` tensors: ``FP32Optimizer._scale``, the schedule's token counter,
   ``clip_grads`` / the local multi-tensor l2-norm; and the clip-grads assertion
   ``param.grad.type() == 'torch.cuda.FloatTensor'``. Fix: :func:`cpu_device_scope`, a
@@ -78,7 +81,18 @@ def apply() -> None:
             return
         torch.cuda.current_device = _cpu_current_device
         torch.cuda.synchronize = _cpu_synchronize
+        _patch_checkpoint_rng()
         _applied = True
+
+
+def _patch_checkpoint_rng() -> None:
+    """Activation recomputation (``tensor_parallel.checkpoint``) saves and restores the CUDA RNG state
+    around the recomputed forward; without CUDA there is none (and dropout is 0), so those two module
+    functions save an empty state and restore nothing. The CPU RNG and the tracker are kept as is."""
+    from megatron.core.tensor_parallel import random
+
+    random._get_cuda_rng_state = lambda *args, **kwargs: torch.empty(0, dtype=torch.uint8)
+    random._set_cuda_rng_state = lambda *args, **kwargs: None
 
 
 def is_applied() -> bool:

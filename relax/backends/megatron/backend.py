@@ -124,6 +124,7 @@ class MegatronBackend(TrainingBackend):
                 pipeline_model_parallel_size=config.pipeline_model_parallel_size,
                 micro_batch_size=config.micro_batch_size,
                 temperature=config.rollout_temperature,
+                recompute_activations=config.recompute_activations,
             )
 
     @classmethod
@@ -151,6 +152,7 @@ class MegatronBackend(TrainingBackend):
         micro_batch_size: int | None = None,
         temperature: float = 1.0,
         dp_grad_reduction: str = "sum",
+        recompute_activations: bool = False,
     ):
         if dp_grad_reduction not in ("sum", "mean"):
             raise ValueError(f"dp_grad_reduction must be 'sum' or 'mean', got {dp_grad_reduction!r}")
@@ -191,7 +193,11 @@ class MegatronBackend(TrainingBackend):
             initial_weights = TinyCausalLM(model_config).state_dict()
 
         with _cpu_compat.cpu_device_scope():
-            self.config = transformer_config(model_config, tp_size=self.tp_size, pp_size=self.pp_size)
+            # --recompute-activations: every transformer layer keeps only its input and is recomputed
+            # in the backward pass (megatron-core's "full" granularity, one layer per checkpoint)
+            recompute = dict(recompute_granularity="full", recompute_method="uniform",
+                             recompute_num_layers=1) if recompute_activations else {}
+            self.config = transformer_config(model_config, tp_size=self.tp_size, pp_size=self.pp_size, **recompute)
             torch.manual_seed(seed)
             module = build_gpt_model(
                 model_config, self.config, pre_process=self.is_first_stage, post_process=self.is_last_stage

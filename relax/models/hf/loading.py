@@ -29,6 +29,7 @@ def _require_transformers():
         raise ImportError(
             "Hugging Face checkpoints need the 'transformers' package: pip install 'relax-rl[hf]'"
         ) from exc
+    transformers.utils.logging.disable_progress_bar()  # no "Loading checkpoint shards" bars in a run's output
     return transformers
 
 

@@ -28,7 +28,12 @@ import attrs
 import torch
 
 from relax.algorithms import diagnostics
-from relax.algorithms.capabilities import CAPABILITIES, CONTRADICTIONS, METADATA_ATTRIBUTES
+from relax.algorithms.capabilities import (
+    CAPABILITIES,
+    CONTRADICTIONS,
+    METADATA_ATTRIBUTES,
+    REMOVED_CAPABILITIES,
+)
 from relax.algorithms.config import AlgorithmConfig
 from relax.algorithms.types import AdvantageInputs, PolicyLossInputs, PolicyLossOutput
 
@@ -65,6 +70,8 @@ class AlgorithmMeta(abc.ABCMeta):
         for attr, value in namespace.items():
             if attr.startswith("_") or attr.isupper() or attr in known or not _is_plain_data(value):
                 continue
+            if attr in REMOVED_CAPABILITIES:
+                raise TypeError(f"{cls.__qualname__}.{attr} is not a relax capability: {REMOVED_CAPABILITIES[attr]}")
             close = difflib.get_close_matches(attr, sorted(known), n=1)
             hint = f" Did you mean {close[0]!r}?" if close else ""
             raise TypeError(
@@ -115,7 +122,6 @@ class RLAlgorithm(metaclass=AlgorithmMeta):
     requires_global_token_loss: ClassVar[bool] = False
     requires_on_policy_updates: ClassVar[bool] = False
     kl_level: ClassVar[str] = "token"
-    needs_full_log_probs: ClassVar[bool] = False
     group_relative: ClassVar[bool] = False
 
     # -- metadata --

@@ -76,10 +76,11 @@ CAPABILITIES: dict[str, Capability] = {
             "requires_on_policy_updates", bool, False,
             "one optimizer step per rollout: rollout_batch_size x n_samples_per_prompt == global_batch_size",
         ),
-        Capability("kl_level", str, "token", "level of the importance ratio", choices=("token", "sequence")),
         Capability(
-            "needs_full_log_probs", bool, False,
-            "the loss needs log-probs of the whole response on one rank (no context-parallel split)",
+            "kl_level", str, "token",
+            "level of the importance ratio of GRPO's log_ratio (every GRPO-family loss): per token, or "
+            "sequence = the mean log-ratio over the response's valid tokens on each token (GSPO)",
+            choices=("token", "sequence"),
         ),
         Capability(
             "group_relative", bool, False,
@@ -95,9 +96,16 @@ CONTRADICTIONS = (
      "an algorithm that needs one optimizer step per rollout cannot run asynchronously"),
     ("uses_reward_components", True, "min_group_size", 1,
      "per-component group normalization needs groups of at least 2 samples"),
-    ("kl_level", "sequence", "needs_full_log_probs", False,
-     "a sequence-level ratio needs the log-probs of the whole response"),
 )
+
+# Upstream capability attributes relax does not have, and why: defining one is a TypeError with this
+# reason (relax.algorithms.base), not a silently ignored setting.
+REMOVED_CAPABILITIES = {
+    "needs_full_log_probs": (
+        "relax never splits a response's tokens over ranks (no context parallelism: backends shard by "
+        "whole samples), so every loss already sees each response's log-probs whole; remove the attribute"
+    ),
+}
 
 # Public, lower-case, non-callable class attributes an algorithm may set besides the capabilities.
 METADATA_ATTRIBUTES = {

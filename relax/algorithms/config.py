@@ -164,7 +164,9 @@ class AlgorithmConfig:
         "group rewards are only centred, not divided by the group std (Dr. GRPO)", group="algorithm",
         names=("--disable-grpo-std-normalization",)))
     rewards_normalization: bool = attrs.field(default=True, metadata=flag(
-        "skip the algorithm's reward normalization (raw rewards become the scalar reward)",
+        "skip the algorithm's reward normalization: the raw --reward-weights-weighted sum of the components "
+        "becomes each sample's scalar reward (refused where the method requires its normalization; "
+        "docs/en/hooks.md)",
         group="algorithm", names=("--disable-rewards-normalization",)))
     loss_aggregation: str = attrs.field(
         default="token_mean", validator=_one_of(LOSS_AGGREGATIONS), metadata=flag(

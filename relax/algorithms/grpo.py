@@ -81,7 +81,12 @@ class GRPO(RLAlgorithm):
     # ---- policy stage ----
 
     def log_ratio(self, log_probs: torch.Tensor, old_log_probs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """log(pi / pi_old) per token (GSPO overrides with a sequence-level ratio)."""
+        """log(pi / pi_old) per token; with the capability ``kl_level = "sequence"`` (GSPO) each token
+        gets its sequence's ratio exp(mean over the valid tokens of (logp - logp_old))."""
+        if self.kl_level == "sequence":
+            per_token = torch.where(mask, log_probs - old_log_probs, torch.zeros_like(log_probs))
+            seq = per_token.sum(dim=1) / mask.sum(dim=1).clamp(min=1)
+            return seq[:, None].expand_as(log_probs)
         return log_probs - old_log_probs
 
     def surrogate(self, log_probs, log_ratio, advantages, mask):
@@ -158,17 +163,12 @@ class GRPO(RLAlgorithm):
 
 
 class GSPO(GRPO):
-    """GSPO: the importance ratio is per sequence, exp(mean_t (logp - logp_old)), clipped like PPO."""
+    """GSPO: the importance ratio is per sequence, exp(mean_t (logp - logp_old)), clipped like PPO
+    (``kl_level = "sequence"``: GRPO's ``log_ratio`` does the rest)."""
 
     name = "gspo"
     paper = "Zheng et al. 2025, Group Sequence Policy Optimization (arXiv:2507.18071)"
     kl_level = "sequence"
-    needs_full_log_probs = True
-
-    def log_ratio(self, log_probs, old_log_probs, mask):
-        per_token = torch.where(mask, log_probs - old_log_probs, torch.zeros_like(log_probs))
-        seq = per_token.sum(dim=1) / mask.sum(dim=1).clamp(min=1)
-        return seq[:, None].expand_as(log_probs)
 
 
 class SAPO(GRPO):

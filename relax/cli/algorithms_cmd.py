@@ -33,7 +33,6 @@ COLUMN_LABELS = {
     "requires_global_token_loss": "token-loss",
     "requires_on_policy_updates": "on-policy",
     "kl_level": "kl-level",
-    "needs_full_log_probs": "full-logp",
 }
 
 

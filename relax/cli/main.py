@@ -117,7 +117,7 @@ def run_train(config: RunConfig):
     from relax.runtime.config import output_dir_of
     from relax.runtime.run_dir import lock_run_dir
 
-    lock = lock_run_dir(output_dir_of(config), resuming=bool(config.load), overwrite=config.overwrite_output_dir)
+    lock = lock_run_dir(output_dir_of(config), resuming=config.load or False, overwrite=config.overwrite_output_dir)
     try:
         path = write_effective_config(config)
         print(f"relax train: effective configuration written to {path}", file=sys.stderr)

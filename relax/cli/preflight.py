@@ -81,7 +81,7 @@ def check_output(config: RunConfig) -> None:
     from relax.runtime.run_dir import RunDirError, check_output_dir
 
     try:
-        check_output_dir(output_dir_of(config), resuming=bool(config.load), overwrite=config.overwrite_output_dir)
+        check_output_dir(output_dir_of(config), resuming=config.load or False, overwrite=config.overwrite_output_dir)
     except RunDirError as exc:
         raise PreflightError(str(exc)) from None
 
@@ -255,10 +255,12 @@ def check_reward(config: RunConfig, prompts: list) -> None:
                             {**prompt.metadata, "sample_index": j}))
     if not samples:
         return
+    # --reward-timeout bounds each call (a RewardError naming the sample); pre-flight waits for all of them
+    limit = max(REWARD_PREFLIGHT_TIMEOUT_S, (config.reward_timeout or 0) * len(samples))
     try:
         done, values = _call_with_timeout(
             lambda: call_reward_function(fn, *(list(col) for col in zip(*(s[1:] for s in samples)))),
-            REWARD_PREFLIGHT_TIMEOUT_S,
+            limit,
         )
     except RewardError as exc:
         raise PreflightError(
@@ -267,7 +269,7 @@ def check_reward(config: RunConfig, prompts: list) -> None:
         ) from None
     if not done:
         raise PreflightError(
-            f"{flag}: reward function {name} did not return within {REWARD_PREFLIGHT_TIMEOUT_S:.0f}s on "
+            f"{flag}: reward function {name} did not return within {limit:.0f}s on "
             f"{len(samples)} pre-flight samples ({samples[0][0]}, ...); make it return (or time out) on its own"
         )
     try:

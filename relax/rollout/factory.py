@@ -8,15 +8,16 @@ from __future__ import annotations
 
 
 def reward_setup(config):
-    """-> ``(reward_fn, reward_keys)``: ``--custom-rm-path`` if given, else the task's."""
+    """-> ``(reward_fn, reward_keys)``: ``--custom-rm-path`` if given, else the task's (with ``--reward-timeout``)."""
+    from relax.rollout.rewards import load_reward_function, with_timeout
     from relax.rollout.tasks import get_task
 
     keys = tuple(config.algorithm.reward_keys)
     if config.custom_rm_path:
-        from relax.rollout.rewards import load_reward_function
-
-        return load_reward_function(config.custom_rm_path), keys
-    return get_task(config.task).reward_fn, keys
+        fn = load_reward_function(config.custom_rm_path)
+    else:
+        fn = get_task(config.task).reward_fn
+    return with_timeout(fn, getattr(config, "reward_timeout", None)), keys  # --reward-timeout
 
 
 def build_engine(config):

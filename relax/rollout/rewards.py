@@ -17,8 +17,8 @@ import inspect
 import math
 import numbers
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -37,6 +37,8 @@ class RewardError(ValueError):
 
 def function_name(fn: Callable) -> str:
     """A readable name for error messages: ``module.qualname`` when available."""
+    if isinstance(fn, TimedReward):
+        fn = fn.fn
     qualname = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
     module = getattr(fn, "__module__", None)
     return f"{module}.{qualname}" if module else qualname
@@ -104,6 +106,84 @@ def _run_coroutines(coroutines: list) -> list:
     return box["result"]
 
 
+class TimedReward:
+    """A reward function with ``--reward-timeout``: ``call_reward_function`` fails a call that takes
+    longer than ``timeout`` seconds (naming the function and the sample) instead of waiting forever."""
+
+    def __init__(self, fn: RewardFunction, timeout: float):
+        self.fn, self.timeout = fn, float(timeout)
+
+    def __call__(self, prompt, completion, label, metadata):
+        return self.fn(prompt, completion, label, metadata)
+
+
+def with_timeout(fn: RewardFunction, timeout: float | None) -> RewardFunction:
+    """``fn`` with ``--reward-timeout`` attached (unchanged when ``timeout`` is None)."""
+    return TimedReward(fn, timeout) if timeout else fn
+
+
+def _unwrap(fn) -> tuple[RewardFunction, float | None]:
+    if isinstance(fn, TimedReward):
+        return fn.fn, fn.timeout
+    return fn, None
+
+
+def _short(text, limit: int = 60) -> str:
+    text = repr(text)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _call_in_threads(call: Callable[[int], Any], n: int, workers: int, timeout: float | None,
+                     failed: Callable, timed_out: Callable) -> list:
+    """Run ``call(i)`` for ``i < n`` in ``workers`` daemon threads and return the values in order.
+
+    The first failure (in sample order) is raised; with ``timeout``, a call running longer than that
+    raises ``timed_out(i)`` without waiting for it (its thread is a daemon and is abandoned, so the
+    process can still exit)."""
+    values: list = [None] * n
+    errors: dict[int, BaseException] = {}
+    starts: dict[int, float] = {}
+    done = [threading.Event() for _ in range(n)]
+    order = iter(range(n))
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def worker():
+        while not stop.is_set():
+            with lock:
+                i = next(order, None)
+            if i is None:
+                return
+            starts[i] = time.monotonic()
+            try:
+                values[i] = call(i)
+            except BaseException as exc:  # noqa: BLE001 - re-raised in sample order by the caller
+                errors[i] = exc
+            done[i].set()
+
+    for _ in range(max(1, min(workers, n))):
+        threading.Thread(target=worker, name="relax-reward", daemon=True).start()
+    try:
+        for i in range(n):
+            while True:
+                started = starts.get(i)
+                if timeout is None:
+                    wait = None
+                elif started is None:
+                    wait = 0.05  # queued behind other calls, each of them bounded
+                else:
+                    wait = max(0.0, started + timeout - time.monotonic())
+                if done[i].wait(wait):
+                    break
+                if started is not None and time.monotonic() - started >= timeout:
+                    raise timed_out(i)
+            if i in errors:
+                raise failed(i, errors[i]) from errors[i]
+    finally:
+        stop.set()
+    return values
+
+
 def call_reward_function(
     fn: RewardFunction,
     prompts: Sequence[str],
@@ -118,7 +198,8 @@ def call_reward_function(
     judge, e.g. an HTTP call, then overlaps with the others); an ``async`` function's coroutines are
     gathered on one event loop. Either way the values come back in sample order, so the result does
     not depend on which call finished first. A raising call becomes a ``RewardError`` naming the
-    sample index and the function, chained to the original exception.
+    sample index and the function, chained to the original exception. With ``--reward-timeout``
+    (``fn`` wrapped by ``with_timeout``) a call that takes longer is a ``RewardError`` too.
     """
     n = len(prompts)
     if not (len(completions) == len(labels) == len(metadata) == n):
@@ -126,23 +207,25 @@ def call_reward_function(
             f"call_reward_function needs equally long inputs, got prompts={n}, completions="
             f"{len(completions)}, labels={len(labels)}, metadata={len(metadata)}"
         )
+    fn, timeout = _unwrap(fn)
     name = function_name(fn)
 
     def failed(i: int, exc: BaseException) -> RewardError:
         return RewardError(f"sample {i}: reward function {name} raised {type(exc).__name__}: {exc}")
 
+    def timed_out(i: int) -> RewardError:
+        return RewardError(
+            f"sample {i}: reward function {name} did not return within --reward-timeout {timeout:g}s "
+            f"(prompt {_short(prompts[i])}, completion {_short(completions[i])}); make the function "
+            "faster or give it its own time limit, or raise --reward-timeout"
+        )
+
     def call(i: int):
         return fn(prompts[i], completions[i], labels[i], metadata[i])
 
     values: list = [None] * n
-    if concurrency > 1 and n > 1:
-        with ThreadPoolExecutor(max_workers=min(concurrency, n), thread_name_prefix="relax-reward") as pool:
-            futures = [pool.submit(call, i) for i in range(n)]
-            for i, future in enumerate(futures):
-                try:
-                    values[i] = future.result()
-                except Exception as exc:
-                    raise failed(i, exc) from exc
+    if (concurrency > 1 and n > 1) or timeout is not None:
+        values = _call_in_threads(call, n, concurrency, timeout, failed, timed_out)
     else:
         for i in range(n):
             try:
@@ -151,8 +234,13 @@ def call_reward_function(
                 raise failed(i, exc) from exc
     pending = {i: v for i, v in enumerate(values) if inspect.isawaitable(v)}
     if pending:
-        results = _run_coroutines(list(pending.values()))
+        coroutines = list(pending.values())
+        if timeout is not None:
+            coroutines = [asyncio.wait_for(c, timeout) for c in coroutines]
+        results = _run_coroutines(coroutines)
         for i, result in zip(pending, results):
+            if timeout is not None and isinstance(result, (asyncio.TimeoutError, TimeoutError)):
+                raise timed_out(i)
             if isinstance(result, BaseException):
                 raise failed(i, result) from result
             values[i] = result

@@ -121,8 +121,9 @@ class ActorCore:
         return torch.cat(parts)
 
     def _kl(self, shard: dict) -> torch.Tensor:
-        """The reward-side per-token KL to the reference, zero outside the response."""
-        kl = numerics.kl_estimate(shard["old_log_probs"], shard["ref_log_probs"], "k1")
+        """The reward-side per-token KL to the reference (estimator: ``--kl-loss-type``), zero outside
+        the response."""
+        kl = numerics.kl_estimate(shard["old_log_probs"], shard["ref_log_probs"], self.config.algorithm.kl_loss_type)
         return kl * shard["batch"].response_mask
 
     def prepare(self, step: int, plan: StepPlan) -> dict:

@@ -85,8 +85,34 @@ def rollout_states(state: dict) -> list[dict]:
     return list(rollout) if isinstance(rollout, (list, tuple)) else [rollout]
 
 
-def check_checkpoint(config, state: dict, source, *, has_critic: bool) -> None:
-    """Refuse a checkpoint this run cannot continue, before any worker starts."""
+# AlgorithmConfig fields that define the objective: a resumed run with other values would optimize
+# another reward, so --load refuses it. Every other hyper-parameter may change on resume (e.g. a lower
+# --kl-coef or clip range for the rest of a run): check_checkpoint returns a warning with the diff.
+RESUME_MUST_MATCH = ("reward_keys", "reward_weights")
+
+
+def algorithm_settings(config) -> dict:
+    """The run's algorithm hyper-parameters (``AlgorithmConfig`` fields), as stored in a checkpoint."""
+    import attrs
+
+    return {f.name: getattr(config.algorithm, f.name) for f in attrs.fields(type(config.algorithm))}
+
+
+def check_checkpoint(config, state: dict, source, *, has_critic: bool) -> list[str]:
+    """Refuse a checkpoint this run cannot continue, before any worker starts; return warnings (the
+    hyper-parameters that differ from the checkpoint's, where continuing is meaningful)."""
+    saved_algorithm = state.get("algorithm")  # absent in checkpoints written before it was stored
+    changed = {} if not isinstance(saved_algorithm, dict) else {
+        name: (saved_algorithm[name], value) for name, value in algorithm_settings(config).items()
+        if name in saved_algorithm and saved_algorithm[name] != value
+    }
+    must = {name: diff for name, diff in changed.items() if name in RESUME_MUST_MATCH}
+    if must:
+        diff = "; ".join(f"{name}: checkpoint {old!r}, this run {new!r}" for name, (old, new) in must.items())
+        raise CheckpointError(
+            f"--load {source}: the checkpoint was trained on another reward ({diff}); resume with the "
+            "checkpoint's --reward-keys / --reward-weights, or start a new run without --load"
+        )
     if state["advantage_estimator"] != config.advantage_estimator:
         raise CheckpointError(
             f"--load {source}: the checkpoint was trained with --advantage-estimator "
@@ -129,10 +155,17 @@ def check_checkpoint(config, state: dict, source, *, has_critic: bool) -> None:
             f"--rollout-num-workers {config.rollout_num_workers}; each worker's prompt stream and sampler "
             f"resume from its own state, so resume with --rollout-num-workers {workers}"
         )
+    return [
+        f"--load {source}: {name} differs from the checkpoint's ({old!r} -> {new!r}); the rest of the run "
+        "uses the new value"
+        for name, (old, new) in changed.items()
+    ]
 
 
-def save_checkpoint(runtime, out: Path, step: int) -> Path:
-    """Write the live roles' state for ``step``; returns the ``state.pt`` path."""
+def save_checkpoint(runtime, out: Path, step: int, timeout: float | None = None) -> Path:
+    """Write the live roles' state for ``step``; returns the ``state.pt`` path. With
+    ``--keep-checkpoints N`` the oldest checkpoints beyond N are deleted once this one is written.
+    ``timeout`` bounds the wait for the workers' states (``WorkerDied`` when it runs out)."""
     from relax.runtime.cluster import get
 
     # A backend that gathers its state over all ranks (a collective) is asked on every rank.
@@ -140,12 +173,13 @@ def save_checkpoint(runtime, out: Path, step: int) -> Path:
     refs = [a.state_dict.remote() for a in actors] + [w.state_dict.remote() for w in runtime.rollouts]
     if runtime.critic is not None:
         refs.append(runtime.critic.state_dict.remote())
-    parts = get(refs, "checkpoint")
+    parts = get(refs, "checkpoint", timeout=timeout)
     actor = parts[0]
     rollout = parts[len(actors) : len(actors) + len(runtime.rollouts)]  # one state per rollout worker
     critic = parts[-1] if runtime.critic is not None else None
     state = {"step": step, "actor": actor, "rollout": rollout, "critic": critic,
-             "advantage_estimator": runtime.config.advantage_estimator, "backend": runtime.config.backend}
+             "advantage_estimator": runtime.config.advantage_estimator, "backend": runtime.config.backend,
+             "algorithm": algorithm_settings(runtime.config)}  # compared on resume (check_checkpoint)
     path = checkpoint_path(out, step)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
@@ -155,7 +189,25 @@ def save_checkpoint(runtime, out: Path, step: int) -> Path:
         from relax.models.hf.checkpoint import export_hf_checkpoint
 
         export_hf_checkpoint(actor["backend"]["model"], runtime.config.hf_checkpoint, path.parent / "hf")
+    keep = getattr(runtime.config, "keep_checkpoints", None)
+    if keep:
+        prune_checkpoints(out, keep)
     return path
+
+
+def prune_checkpoints(out: Path, keep: int) -> list[Path]:
+    """``--keep-checkpoints N``: delete all but the newest ``keep`` ``checkpoints/step_*`` directories
+    of ``out`` (called after a successful save, so the newest one is always kept); returns the
+    deleted directories."""
+    import shutil
+
+    # oldest written first (a resumed run may write step_3 after an abandoned step_4: step_3 is newer)
+    steps = sorted((p for p in (Path(out) / "checkpoints").glob("step_*") if (p / "state.pt").is_file()),
+                   key=lambda p: ((p / "state.pt").stat().st_mtime_ns, p.name))
+    doomed = steps[: max(0, len(steps) - keep)]
+    for directory in doomed:
+        shutil.rmtree(directory, ignore_errors=True)
+    return doomed
 
 
 def restore_checkpoint(runtime, state: dict) -> None:

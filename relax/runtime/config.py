@@ -64,7 +64,8 @@ class RunConfig:
     # its fields' flags are declared on AlgorithmConfig
     algorithm: AlgorithmConfig = attrs.field(factory=AlgorithmConfig)
     reward_key: str | None = attrs.field(default=None, metadata=flag(
-        "the component logged as 'the' reward when there are several (one of --reward-keys)",
+        "the component shown as the run's reward (one of --reward-keys): first in the --no-progress summary "
+        "line and the end-of-run table, the only one in the progress bar (default: every component)",
         group="rewards", type=reward_key_name))
     # -- batch shape / schedule --
     # 450 rollouts: ~75 s wall on 2 cores, correct 0.19 -> 0.66 on the built-in task
@@ -147,14 +148,28 @@ class RunConfig:
     custom_rm_path: str | None = attrs.field(default=None, metadata=_hook_flag(
         "your reward function fn(prompt, completion, label, metadata) -> number or {key: number} "
         "(sync or async)"))
+    reward_timeout: float | None = attrs.field(default=None, metadata=flag(
+        "fail the run when one reward call takes longer than this many seconds, naming the function "
+        "and the sample (default: no limit)", group="rewards", type=positive_float, metavar="SECONDS"))
     reward_concurrency: int = attrs.field(default=1, metadata=flag(
         "reward calls of a plain (not async) --custom-rm-path function that run at once, in threads "
         "(async functions are always gathered); results stay in sample order", group="rewards",
         type=positive_int))
     custom_reward_post_process_path: str | None = attrs.field(default=None, metadata=_hook_flag(
-        "replaces the algorithm's reward normalization (rejected where the method forbids it)"))
+        "post_process(rewards, group_ids, samples) -> float32 [N]: replaces the algorithm's reward "
+        "normalization in the rollout worker (rejected where the method forbids it; docs/en/hooks.md)"))
     dynamic_sampling_filter_path: str | None = attrs.field(default=None, metadata=_hook_flag(
-        "custom filter deciding which prompt groups the rollout keeps"))
+        "keep_filter(rewards, group_ids, samples, keep) -> bool [N]: which prompt groups the rollout "
+        "keeps, given the algorithm's own verdict keep (whole groups; docs/en/hooks.md)"))
+    # -- dynamic sampling (relax.runtime.rollout_worker) --
+    over_sampling_batch_size: int | None = attrs.field(default=None, metadata=flag(
+        "prompts drawn per sampling round (default: --rollout-batch-size); with --max-sampling-rounds > 1 "
+        "the rollout draws rounds until it has --rollout-batch-size prompt groups with signal",
+        group="sampling", type=positive_int, metavar="N"))
+    max_sampling_rounds: int = attrs.field(default=1, metadata=flag(
+        "most sampling rounds per step; 1 = no refill (groups without signal are only dropped); after the "
+        "last round the step trains on the groups it has", group="sampling", type=positive_int,
+        metavar="R"))
     # -- placement / backends --
     ray_address: str | None = attrs.field(default=None, metadata=flag(
         "Ray cluster to join (default: start a local one)", group="placement and backends"))
@@ -211,9 +226,13 @@ class RunConfig:
     run_name: str | None = attrs.field(default=None, metadata=flag(
         "run name (default: <advantage-estimator>-<date>-<time>)", group="outputs"))
     save_interval: int | None = attrs.field(default=None, metadata=flag(
-        "save a checkpoint every this many rollouts and at the end (default: none, except the final model "
-        "with --hf-checkpoint)", group="outputs",
+        "also save a checkpoint every this many rollouts (default: none in between); the final step is "
+        "always saved, and on Ctrl-C / SIGTERM the last trained step", group="outputs",
         type=positive_int))
+    keep_checkpoints: int | None = attrs.field(default=None, metadata=flag(
+        "keep only the newest N checkpoints of this run: after each successful save the oldest "
+        "checkpoints/step_* directories beyond N are deleted (default: keep all)", group="outputs",
+        type=positive_int, metavar="N"))
     load: str | None = attrs.field(default=None, metadata=flag(
         "resume from this checkpoint directory", group="outputs", metavar="DIR"))
     progress: bool = attrs.field(default=True, metadata=flag(

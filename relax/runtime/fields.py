@@ -19,10 +19,13 @@ def token_batch(fields) -> TokenBatch:
 
 class AttachesDataPlane:
     """Mixin of the Ray workers: ``attach()`` connects ``self.data_plane`` to the run's TransferQueue
-    (imported only there, so the plain cores run without it)."""
+    (imported only there, so the plain cores run without it) and says on which node the worker runs."""
 
-    def attach(self) -> bool:
+    def attach(self) -> str:
+        """Connect to the data plane; returns the id of the Ray node this worker runs on."""
+        import ray
+
         from relax.runtime.data_plane import TransferQueueDataPlane
 
         self.data_plane = TransferQueueDataPlane().attach()
-        return True
+        return ray.get_runtime_context().get_node_id()

@@ -119,22 +119,29 @@ class MetricsLog:
 SUMMARY_DIAGNOSTICS = ("zero_std_frac", "adv_share", "multi_reward/")
 
 
-def summary_table(rows: Sequence[Mapping], keys: Sequence[str]) -> tuple[str, dict[str, tuple[float, float]]]:
+def summary_table(
+    rows: Sequence[Mapping], keys: Sequence[str], reward_key: str | None = None
+) -> tuple[str, dict[str, tuple[float, float]]]:
     """The end-of-run table: each ``reward/<key>/mean`` over the first and the last 10% of steps (at
     least one), then the multi-reward diagnostics over the same windows. Returns ``(table, {key:
-    (first, last)})``. Windows follow ``summarize_diagnostics``."""
+    (first, last)})``. Windows follow ``summarize_diagnostics``. ``reward_key`` (``--reward-key``): the
+    run's reward, listed first and marked ``*``."""
     if not rows:
         return "no steps were run", {}
     summary = summarize_diagnostics(rows, fraction=0.1)
     k = next(iter(summary.values())).window if summary else max(1, -(-len(rows) // 10))
     stats: dict[str, tuple[float, float]] = {}
     lines = [f"reward component     first {k} step(s)   last {k} step(s)   change", "-" * 64]
-    for key in keys:
+    ordered = ([reward_key] if reward_key in keys else []) + [key for key in keys if key != reward_key]
+    for key in ordered:
         s = summary.get(f"reward/{key}/mean")
         if s is None or s.first is None or s.last is None:
             continue
         stats[key] = (s.first, s.last)
-        lines.append(f"{key:<20} {s.first:>16.3f} {s.last:>17.3f} {s.last - s.first:>+8.3f}")
+        label = f"{key} *" if key == reward_key else key
+        lines.append(f"{label:<20} {s.first:>16.3f} {s.last:>17.3f} {s.last - s.first:>+8.3f}")
+    if reward_key in stats:
+        lines.append(f"* the run's reward (--reward-key {reward_key})")
     extra = {name: s for name, s in summary.items() if any(part in name for part in SUMMARY_DIAGNOSTICS)}
     if extra:
         lines += ["", format_summary_table(extra)]
@@ -173,14 +180,17 @@ def response_metrics(rolls: Sequence[Mapping]) -> dict[str, float]:
     return out
 
 
-def progress_line(row: Mapping, keys: Sequence[str], total_steps: int) -> str:
-    """The one-line summary ``--no-progress`` prints every ``--log-interval`` steps: each component's
-    mean reward, the combined reward, the mean response length and the step time."""
+def progress_line(row: Mapping, keys: Sequence[str], total_steps: int, reward_key: str | None = None) -> str:
+    """The one-line summary ``--no-progress`` prints every ``--log-interval`` steps: the run's reward
+    (the ``--reward-key`` component, when given), each component's mean reward, the combined reward,
+    the mean response length and the step time."""
     def number(key, fmt):
         value = row.get(key)
         return format(value, fmt) if isinstance(value, (int, float)) else "n/a"
 
     parts = [f"relax: step {row['step']}/{total_steps}"]
+    if reward_key is not None:
+        parts.append(f"reward ({reward_key}) {number(f'reward/{reward_key}/mean', '.3f')}")
     parts.append(" ".join(f"{k} {number(f'reward/{k}/mean', '.3f')}" for k in keys))
     if f"reward/{COMBINED}/mean" in row and len(keys) > 1:
         parts.append(f"combined {number(f'reward/{COMBINED}/mean', '.3f')}")

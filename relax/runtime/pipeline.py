@@ -87,18 +87,20 @@ class Pipeline:
             self.clearing.result()  # surface an error of the previous clear here
         self.clearing = self.clearer.submit(self.rt.data_plane.clear, step)
 
-    def step(self, step: int, submit_through: int) -> dict:
+    def step(self, step: int, submit_through: int, timeout: float | None = None) -> dict:
         """Collect ``step``'s results, after submitting every step up to ``submit_through`` (the
-        caller never asks past a checkpoint that has not been written yet)."""
+        caller never asks past a checkpoint that has not been written yet). ``step`` stays in
+        ``submitted`` until its results are in, so an interrupted collection can be finished."""
         for t in range(self.last_submitted + 1, max(step, submit_through) + 1):
             self._submit(t)
-        refs = self.submitted.pop(step)
-        rolls = get(refs["rolls"], "rollout")
+        refs = self.submitted[step]
+        rolls = get(refs["rolls"], "rollout", timeout=timeout)
         t_roll = time.perf_counter()
         row = {"step": step, **rollout_metrics(self.algorithm, rolls)}
-        for part in get(refs["prep"], "reference/critic"):
+        for part in get(refs["prep"], "reference/critic", timeout=timeout):
             row.update(part)
-        results = get(refs["train"], "actor/critic")
+        results = get(refs["train"], "actor/critic", timeout=timeout)
+        del self.submitted[step]
         now = time.perf_counter()
         self._clear_later(step)  # every consumer of this step is done
         # Each actor rank reports its shares of the loss metrics per optimizer step: sum them over

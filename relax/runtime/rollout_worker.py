@@ -7,6 +7,24 @@ prompt batch from its own copy of the prompt stream and keeps its slice ``index`
 step's prompts are the same whatever N is; each samples with its own seeded generator and writes
 its groups (uids offset by its slice) into the same partition. ``relax.runtime.rollouts`` merges
 their reports in worker order, so the plan and the metrics do not depend on which finished first.
+
+One step of one worker (``RolloutCore.step``; docs/en/hooks.md):
+
+1. **sampling rounds** (dynamic sampling): each round draws ``--over-sampling-batch-size`` prompts
+   (default ``--rollout-batch-size``) and keeps its slice of them, generates, scores, and decides
+   which groups to keep: the algorithm's ``group_has_signal``, then the
+   ``--dynamic-sampling-filter-path`` hook ``keep_filter(rewards, group_ids, samples, keep)`` if one
+   is given. Rounds go on until the worker holds its share (``--rollout-batch-size`` / N) of kept
+   groups or ``--max-sampling-rounds`` rounds are done; kept groups beyond the share are dropped
+   (first come, first kept). A worker's rounds depend only on its own samples, so refill stays
+   deterministic; its prompt stream then runs ahead of the other workers' (each checkpoints its
+   own). Group uids are ``(round x N + index) x slice + position``: unique within the step.
+2. **reward stage**, once over all kept samples of the worker: the
+   ``--custom-reward-post-process-path`` hook ``post_process(rewards, group_ids, samples)`` if one is
+   given (it replaces the method's reward normalization), else with
+   ``--disable-rewards-normalization`` the raw ``--reward-weights``-weighted sum of the components,
+   else the algorithm's ``normalize_rewards``.
+3. the kept samples go to the data plane (one write per round).
 """
 
 from __future__ import annotations
@@ -15,11 +33,11 @@ import time
 
 import torch
 
-from relax.algorithms import load_algorithm
+from relax.algorithms import load_algorithm, numerics
 from relax.algorithms.types import check_normalized_rewards
 from relax.rollout import factory as rollout_factory
 from relax.rollout.base import SamplingParams
-from relax.rollout.rewards import score
+from relax.rollout.rewards import load_function, score
 from relax.runtime.fields import AttachesDataPlane
 from relax.runtime.metrics import completion_records, response_stats
 from relax.runtime.weights import unpack_weights
@@ -48,6 +66,67 @@ def filter_groups(algorithm, rewards: torch.Tensor, group_ids: torch.Tensor) -> 
     return keep
 
 
+POST_PROCESS_FLAG = "--custom-reward-post-process-path"
+FILTER_FLAG = "--dynamic-sampling-filter-path"
+
+
+class HookError(ValueError):
+    """A user hook (``--custom-reward-post-process-path``, ``--dynamic-sampling-filter-path``) raised or
+    returned something outside its contract; the message names the flag, the function and the step."""
+
+
+def _hook_name(flag: str, spec: str, step: int) -> str:
+    return f"{flag} {spec!r} (step {step})"
+
+
+def call_keep_filter(fn, spec: str, step: int, rewards, group_ids, samples, keep) -> torch.Tensor:
+    """``keep_filter(rewards, group_ids, samples, keep)`` -> checked bool ``[N]``, constant per group."""
+    where = _hook_name(FILTER_FLAG, spec, step)
+    try:
+        out = fn(rewards.clone(), group_ids.clone(), samples, keep.clone())
+    except Exception as exc:
+        raise HookError(f"{where} raised {type(exc).__name__}: {exc}") from exc
+    n = group_ids.shape[0]
+    if not isinstance(out, torch.Tensor) or out.dtype != torch.bool or tuple(out.shape) != (n,):
+        got = f"a {out.dtype} tensor of shape {tuple(out.shape)}" if isinstance(out, torch.Tensor) else (
+            f"a {type(out).__name__}")
+        raise HookError(
+            f"{where} returned {got}; keep_filter(rewards, group_ids, samples, keep) must return a bool "
+            f"tensor of shape ({n},), one entry per sample (e.g. keep & my_condition)"
+        )
+    for g in torch.unique(group_ids).tolist():
+        member = out[group_ids == g]
+        if bool(member.any()) and not bool(member.all()):
+            first = int((group_ids == g).nonzero()[0, 0])
+            raise HookError(
+                f"{where} kept only part of prompt group {g} (samples from {first}: {member.tolist()}); "
+                "it must keep or drop whole groups: return the same value for every sample of a group"
+            )
+    return out
+
+
+def call_post_process(fn, spec: str, step: int, rewards, group_ids, samples) -> torch.Tensor:
+    """``post_process(rewards, group_ids, samples)`` -> checked finite float32 ``[N]``."""
+    where = _hook_name(POST_PROCESS_FLAG, spec, step)
+    try:
+        out = fn(rewards.clone(), group_ids.clone(), samples)
+    except Exception as exc:
+        raise HookError(f"{where} raised {type(exc).__name__}: {exc}") from exc
+    n = group_ids.shape[0]
+    if not isinstance(out, torch.Tensor) or out.dtype != torch.float32 or tuple(out.shape) != (n,):
+        got = f"a {out.dtype} tensor of shape {tuple(out.shape)}" if isinstance(out, torch.Tensor) else (
+            f"a {type(out).__name__}")
+        raise HookError(
+            f"{where} returned {got}; post_process(rewards, group_ids, samples) must return a float32 "
+            f"tensor of shape ({n},), one scalar per sample (e.g. my_values.float())"
+        )
+    bad = ~torch.isfinite(out)
+    if bool(bad.any()):
+        i = int(bad.nonzero()[0, 0])
+        raise HookError(f"{where} returned {int(bad.sum())} non-finite value(s), the first at sample {i}: {out[i].item()}")
+    return out
+
+
 class RolloutCore:
     def __init__(self, config, algorithm_spec: str, data_plane=None, index: int = 0):
         torch.set_num_threads(1)
@@ -58,6 +137,20 @@ class RolloutCore:
         self.tokenizer = self.engine.tokenizer
         self.prompts = rollout_factory.build_prompt_source(config, self.tokenizer)
         self.reward_fn, self.reward_keys = rollout_factory.reward_setup(config)
+        # The user's hooks, loaded in this process (the CLI loaded them once already to fail early).
+        self.post_process = (
+            load_function(config.custom_reward_post_process_path, POST_PROCESS_FLAG)
+            if config.custom_reward_post_process_path else None
+        )
+        self.keep_filter = (
+            load_function(config.dynamic_sampling_filter_path, FILTER_FLAG)
+            if config.dynamic_sampling_filter_path else None
+        )
+        # Dynamic sampling: prompts per round (this worker keeps its slice), the groups this worker
+        # must collect, and the most rounds it may draw.
+        self.round_prompts = config.over_sampling_batch_size or config.rollout_batch_size
+        self.target_groups = config.rollout_batch_size // self.num_workers
+        self.max_rounds = config.max_sampling_rounds
         # Worker 0 keeps the run's seed (one worker samples as before); the others are offset far
         # beyond any seed a user picks for another run.
         self.generator = torch.Generator().manual_seed(config.seed + index * 2**32)
@@ -73,20 +166,13 @@ class RolloutCore:
         self._last_end: float | None = None
 
     def _my_prompts(self) -> list:
-        per_worker = self.config.rollout_batch_size // self.num_workers
-        batch = self.prompts.next_batch(self.config.rollout_batch_size)
+        per_worker = self.round_prompts // self.num_workers
+        batch = self.prompts.next_batch(self.round_prompts)
         return batch[self.index * per_worker : (self.index + 1) * per_worker]
 
-    # -- one training step --
-    def step(self, step: int, version: int = 0, weights=None, *after) -> dict:
-        """One rollout of this worker's slice with ``weights`` (a state dict, ``PackedWeights``, or
-        None: keep the current ones), which are the policy after training step ``version``.
-        ``after``: results of that training step's consumers (Ray resolves them before this runs, so
-        the rollout never overtakes the training it depends on). The driver drops partitions."""
-        t0 = time.perf_counter()
-        idle = t0 - self._last_end if self._last_end is not None else 0.0
-        if weights is not None:
-            self.engine.load_weights(unpack_weights(weights))
+    def _sample_round(self, step: int, round_index: int, needed: int) -> dict:
+        """One sampling round: this worker's slice of a fresh prompt batch, generated, scored and
+        filtered; at most ``needed`` groups are kept (the first ones)."""
         n = self.config.algorithm.n_samples_per_prompt
         prompts = self._my_prompts()
         ids = [self.tokenizer.encode(p.text) for p in prompts]
@@ -107,30 +193,97 @@ class RolloutCore:
         rewards = score(self.reward_fn, texts, completions, labels, meta, self.reward_keys,
                         self.config.reward_concurrency)
         t3 = time.perf_counter()
-        group_ids = local + self.index * len(prompts)  # unique over the step's workers
+        # unique over the step's workers and rounds
+        group_ids = local + (round_index * self.num_workers + self.index) * len(prompts)
         keep = filter_groups(self.algorithm, rewards, group_ids)
+        samples = [
+            {"prompt": texts[i], "completion": completions[i], "label": labels[i], "metadata": meta[i]}
+            for i in range(len(texts))
+        ]
+        if self.keep_filter is not None:
+            keep = call_keep_filter(self.keep_filter, self.config.dynamic_sampling_filter_path, step,
+                                    rewards, group_ids, samples, keep)
+        kept_groups = torch.unique_consecutive(group_ids[keep])
+        if kept_groups.numel() > needed:  # the share is full: later groups are not trained
+            keep = keep & torch.isin(group_ids, kept_groups[:needed])
+        return {
+            "gen": gen, "texts": texts, "completions": completions, "labels": labels, "samples": samples,
+            "rewards": rewards, "group_ids": group_ids, "keep": keep, "generate_s": t2 - t1,
+            "reward_s": t3 - t2,
+        }
+
+    def _reward_stage(self, step: int, rewards: torch.Tensor, group_ids: torch.Tensor, samples: list) -> torch.Tensor:
+        """One scalar per kept sample: the post-process hook, or the raw combined reward
+        (``--disable-rewards-normalization``), or the algorithm's ``normalize_rewards``."""
+        if group_ids.numel() == 0:
+            return torch.zeros(0)
+        if self.post_process is not None:
+            return call_post_process(self.post_process, self.config.custom_reward_post_process_path, step,
+                                     rewards, group_ids, samples)
+        a = self.config.algorithm
+        if not a.rewards_normalization:
+            return numerics.weighted_sum(numerics.reward_matrix(rewards, a.reward_keys), a.reward_weights).float()
+        normalized = self.algorithm.normalize_rewards(rewards, group_ids)
+        check_normalized_rewards(self.algorithm, normalized, group_ids.shape, step=step)
+        return normalized
+
+    # -- one training step --
+    def step(self, step: int, version: int = 0, weights=None, *after) -> dict:
+        """One rollout of this worker's slice with ``weights`` (a state dict, ``PackedWeights``, or
+        None: keep the current ones), which are the policy after training step ``version``.
+        ``after``: results of that training step's consumers (Ray resolves them before this runs, so
+        the rollout never overtakes the training it depends on). The driver drops partitions."""
+        t0 = time.perf_counter()
+        idle = t0 - self._last_end if self._last_end is not None else 0.0
+        if weights is not None:
+            self.engine.load_weights(unpack_weights(weights))
+        n = self.config.algorithm.n_samples_per_prompt
+        rounds: list[dict] = []
+        kept = 0
+        while len(rounds) < self.max_rounds and kept < self.target_groups:
+            r = self._sample_round(step, len(rounds), self.target_groups - kept)
+            rounds.append(r)
+            kept += int(r["keep"].sum()) // n
+        t3 = time.perf_counter()
+
+        def cat(key):
+            return torch.cat([r[key] for r in rounds])
+
+        rewards, group_ids, keep = cat("rewards"), cat("group_ids"), cat("keep")
         kept_ids = group_ids[keep]
-        normalized = (
-            self.algorithm.normalize_rewards(rewards[keep], kept_ids) if bool(keep.any()) else torch.zeros(0)
-        )
-        check_normalized_rewards(self.algorithm, normalized, kept_ids.shape, step=step)
+        kept_samples = [s for r in rounds for s, k in zip(r["samples"], r["keep"].tolist()) if k]
+        normalized = self._reward_stage(step, rewards[keep], kept_ids, kept_samples)
         kept_uids = torch.unique_consecutive(kept_ids).tolist()
-        if kept_uids and self.data_plane is not None:
-            fields = {
-                "prompt_ids": batch.prompt_ids[keep],
-                "prompt_mask": batch.prompt_mask[keep].bool(),
-                "response_ids": batch.response_ids[keep],
-                "response_mask": batch.response_mask[keep].bool(),
-                "rewards": normalized.float(),
-                "raw_rewards": rewards[keep],
-            }
-            if self.write_rollout_log_probs:
-                fields["rollout_log_probs"] = gen.log_probs[keep].float()
-            if self.write_policy_version:
-                fields["policy_version"] = torch.full((int(keep.sum()),), version, dtype=torch.long)
-            self.data_plane.put_step(step, fields, kept_ids)
+        offset = 0
+        tokens_per_group: list[int] = []
+        for r in rounds:  # one data-plane write per round (the rounds' tensors differ in width)
+            k, batch = r["keep"], r["gen"].batch
+            count = int(k.sum())
+            if count == 0:
+                continue
+            tokens_per_group += batch.response_mask[k].sum(1).view(-1, n).sum(1).tolist()
+            if self.data_plane is not None:
+                fields = {
+                    "prompt_ids": batch.prompt_ids[k],
+                    "prompt_mask": batch.prompt_mask[k].bool(),
+                    "response_ids": batch.response_ids[k],
+                    "response_mask": batch.response_mask[k].bool(),
+                    "rewards": normalized[offset : offset + count].float(),
+                    "raw_rewards": r["rewards"][k],
+                }
+                if self.write_rollout_log_probs:
+                    fields["rollout_log_probs"] = r["gen"].log_probs[k].float()
+                if self.write_policy_version:
+                    fields["policy_version"] = torch.full((count,), version, dtype=torch.long)
+                self.data_plane.put_step(step, fields, r["group_ids"][k])
+            offset += count
         t4 = self._last_end = time.perf_counter()
-        tokens_per_group = batch.response_mask[keep].sum(1).view(-1, n).sum(1).tolist() if kept_uids else []
+        stats = [
+            response_stats(r["gen"].batch.response_ids, r["gen"].batch.response_mask, self.params.max_new_tokens,
+                           self.tokenizer.eos_id)
+            for r in rounds
+        ]
+        texts = [t for r in rounds for t in r["texts"]]
         return {
             "kept_uids": kept_uids,
             "group_size": n,
@@ -138,18 +291,19 @@ class RolloutCore:
             "version": version,
             "raw_rewards": rewards,
             "group_ids": group_ids,
-            "samples": len(repeated),
-            "generated_tokens": int(batch.response_mask.sum()),
+            "samples": len(texts),
+            "sampling_rounds": len(rounds),
+            "generated_tokens": sum(int(r["gen"].batch.response_mask.sum()) for r in rounds),
             # response_len_max, truncated (relax.runtime.metrics.response_metrics merges them)
-            **response_stats(
-                batch.response_ids, batch.response_mask, self.params.max_new_tokens, self.tokenizer.eos_id
-            ),
+            "response_len_max": max(s["response_len_max"] for s in stats),
+            "truncated": sum(s["truncated"] for s in stats),
             "completions": completion_records(  # --log-completions
-                self.config, texts, completions, labels, rewards, keep, normalized, version
+                self.config, texts, [c for r in rounds for c in r["completions"]],
+                [lab for r in rounds for lab in r["labels"]], rewards, keep, normalized, version
             ),
             "times": {
-                "time/rollout/generate_s": t2 - t1,
-                "time/rollout/reward_s": t3 - t2,
+                "time/rollout/generate_s": sum(r["generate_s"] for r in rounds),
+                "time/rollout/reward_s": sum(r["reward_s"] for r in rounds),
                 "time/rollout/write_s": t4 - t3,
                 "time/rollout/total_s": t4 - t0,
                 # since this worker's previous rollout: waiting for the weights it samples with

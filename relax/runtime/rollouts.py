@@ -25,7 +25,8 @@ def plan_from_rollouts(rolls: Sequence[dict], num_minibatches: int, world_size: 
 
 def rollout_metrics(algorithm, rolls: Sequence[dict]) -> dict[str, float]:
     """The step's ``reward/*``, ``multi_reward/*`` (and the method's own) statistics over all
-    workers' samples, the group counts, response length and the slowest worker's timings."""
+    workers' samples (every sampling round's), the group counts, the sampling rounds, response length
+    and the slowest worker's timings."""
     rewards = torch.cat([r["raw_rewards"] for r in rolls])
     group_ids = torch.cat([r["group_ids"] for r in rolls])
     metrics = reward_metrics(algorithm, rewards, group_ids, algorithm.config.reward_keys)
@@ -33,6 +34,9 @@ def rollout_metrics(algorithm, rolls: Sequence[dict]) -> dict[str, float]:
     groups = sum(r["samples"] for r in rolls) // rolls[0]["group_size"]
     generated = sum(r["generated_tokens"] for r in rolls)
     metrics.update({
+        # Dynamic sampling (--max-sampling-rounds): the most rounds a worker drew, the groups trained
+        # and the groups sampled but not trained (no signal, filtered out, or beyond the batch).
+        "rollout/sampling_rounds": max(r.get("sampling_rounds", 1) for r in rolls),
         "rollout/groups_kept": kept,
         "rollout/groups_dropped": groups - kept,
         "rollout/response_len": generated / sum(r["samples"] for r in rolls),

@@ -59,11 +59,36 @@ def _nearest_existing(path: Path) -> Path:
     return p
 
 
-def check_output_dir(path, *, resuming: bool = False, overwrite: bool = False) -> None:
+def run_of_checkpoint(load) -> Path | None:
+    """The run directory a ``--load`` path belongs to (``<run>/checkpoints/step_*/state.pt``), or None
+    for a checkpoint file kept elsewhere."""
+    p = Path(load)
+    if p.is_file():
+        ckpt = p
+    elif (p / "state.pt").is_file():
+        ckpt = p / "state.pt"
+    elif has_checkpoint(p):
+        return p
+    else:
+        return None
+    if ckpt.parent.name.startswith("step_") and ckpt.parent.parent.name == CHECKPOINTS_NAME:
+        return ckpt.parents[2]
+    return None
+
+
+def _resumes_in_place(path: Path, load) -> bool:
+    """Whether ``--load load`` continues the run in ``path`` (True when only a bool is known)."""
+    if isinstance(load, bool):
+        return load
+    owner = run_of_checkpoint(load)
+    return owner is not None and owner.resolve() == Path(path).resolve()
+
+
+def check_output_dir(path, *, resuming: bool | str = False, overwrite: bool = False) -> None:
     """Raise ``RunDirError`` when a run may not write to ``path``. Creates nothing.
 
-    ``resuming``: the run was given ``--load`` (it continues a run, possibly this one);
-    ``overwrite``: ``--overwrite-output-dir``.
+    ``resuming``: the run was given ``--load`` (the path, or True); it may continue the run in
+    ``path`` itself, never write into another run's directory; ``overwrite``: ``--overwrite-output-dir``.
     """
     path = Path(path)
     flag = f"--output-dir {path}"
@@ -82,6 +107,15 @@ def check_output_dir(path, *, resuming: bool = False, overwrite: bool = False) -
             "--output-dir"
         )
     run = _holds_run(path) if path.is_dir() else None
+    if run is not None and resuming and not isinstance(resuming, bool) and not overwrite:
+        owner = run_of_checkpoint(resuming)
+        if not _resumes_in_place(path, resuming):
+            source = f"the run in {owner}" if owner is not None else "a checkpoint kept outside any run directory"
+            fixes = f"pass --output-dir {owner} to continue that run in place, or" if owner is not None else "pass"
+            raise RunDirError(
+                f"{flag} already holds another run ({run}) and --load {resuming} resumes {source}; resuming "
+                f"into {path} would write over that run's metrics: {fixes} a new --output-dir"
+            )
     if run is not None and not resuming and not overwrite:
         fixes = ["choose another --output-dir"]
         if has_checkpoint(path):
@@ -167,7 +201,7 @@ def lock_holder(path) -> str | None:
         os.close(fd)
 
 
-def lock_run_dir(path, *, resuming: bool = False, overwrite: bool = False) -> RunDirLock:
+def lock_run_dir(path, *, resuming: bool | str = False, overwrite: bool = False) -> RunDirLock:
     """Check ``path`` (``check_output_dir``), create it, take its lock and, with ``overwrite``, clear the
     old run. Keep the returned object alive while the run writes. Re-entrant within one process."""
     path = Path(path)
@@ -193,6 +227,6 @@ def lock_run_dir(path, *, resuming: bool = False, overwrite: bool = False) -> Ru
     os.write(fd, f"pid={os.getpid()}\nhost={socket.gethostname()}\ncommand={command[:300]}\n".encode())
     lock = RunDirLock(path, fd)
     _HELD[_key(path)] = lock
-    if overwrite and not resuming:
+    if overwrite and (not resuming or not _resumes_in_place(path, resuming)):
         clear_old_run(path)
     return lock

@@ -33,6 +33,7 @@ from relax.runtime.metrics import MetricsLog, progress_line, summary_table
 from relax.runtime.pipeline import Pipeline
 from relax.runtime.run_dir import lock_run_dir
 from relax.runtime.trackers import Trackers
+from relax.runtime.validation import validate
 
 
 @attrs.frozen
@@ -49,13 +50,46 @@ class RunSummary:
 
 
 def saves_at(config, step: int) -> bool:
-    """Whether a checkpoint is written after ``step``. The final step is saved whenever checkpoints
-    are on, and always with --hf-checkpoint (the trained model in Hugging Face format is the point
-    of such a run)."""
-    final = step == config.num_rollout
-    return (bool(config.save_interval) and (step % config.save_interval == 0 or final)) or (
-        bool(config.hf_checkpoint) and final
-    )
+    """Whether a checkpoint is written after ``step``: the final step always (a run keeps its
+    model), and every ``--save-interval`` steps."""
+    return step == config.num_rollout or (bool(config.save_interval) and step % config.save_interval == 0)
+
+
+# How long Ctrl-C / SIGTERM waits for the steps in flight to finish and the model to be saved.
+INTERRUPT_SAVE_TIMEOUT_S = 60.0
+
+
+def _save_on_interrupt(runtime, pipeline, metrics_log, trackers, out, steps_run: int, saved_step, bar):
+    """Ctrl-C or SIGTERM once a step has trained: finish the steps already submitted (their rollouts
+    have drawn prompts, so the saved state must include them), log them, then save — all within
+    ``INTERRUPT_SAVE_TIMEOUT_S``. Says where the model went, or why it was not saved."""
+    if pipeline is None or steps_run == 0:
+        log("relax: no step finished training, so no model was saved", bar)
+        return None
+    deadline = time.monotonic() + INTERRUPT_SAVE_TIMEOUT_S
+    step = None
+    try:
+        for t in sorted(pipeline.submitted):
+            row = pipeline.step(t, submit_through=t, timeout=max(1.0, deadline - time.monotonic()))
+            metrics_log.write(row)
+            trackers.log(row)
+        step = pipeline.last_submitted
+        if step == saved_step:
+            log(f"relax: the model of step {step} was already saved (resume with --load {out})", bar)
+            return None
+        log(f"relax: saving the model of step {step} (at most {INTERRUPT_SAVE_TIMEOUT_S:.0f}s; interrupt again "
+            "to skip)", bar)
+        path = save_checkpoint(runtime, out, step, timeout=max(1.0, deadline - time.monotonic()))
+        log(f"relax: saved step {step} to {path.parent} (resume with --load {out})", bar)
+        return path
+    except KeyboardInterrupt:
+        reason = "interrupted again"
+    except Exception as exc:  # noqa: BLE001 - a dead worker, a timeout, a full disk: say it and shut down
+        reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'no details'}"
+    last = f"the last checkpoint is step {saved_step}" if saved_step else "no checkpoint was written"
+    what = f"step {step}" if step is not None else "the steps in flight"
+    log(f"relax: the model was not saved ({what}: {reason}); {last}", bar)
+    return None
 
 
 def submit_limit(config, step: int) -> int:
@@ -77,18 +111,22 @@ def run(config) -> RunSummary:
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # `relax train` is a console script: make the cwd importable
     algorithm_cls = load_algorithm(config.advantage_estimator)
+    # The CLI's rules for every entry point: a RunConfig built in Python is refused as `relax train`
+    # would refuse it (ConfigError listing every problem). Warnings are printed by `relax train`.
+    validate(config, algorithm_cls)
     layout = R.derive_roles(algorithm_cls, config)
     check_backend_config(config)  # e.g. Megatron's parallel layout, before any worker starts
     out = output_dir_of(config)
     # Refuse another run's directory (unless resuming or --overwrite-output-dir) and hold its lock while
     # this function runs (re-entrant: `relax train` already holds it); relax.runtime.run_dir.
-    run_dir_lock = lock_run_dir(out, resuming=bool(config.load), overwrite=config.overwrite_output_dir)  # noqa: F841
+    run_dir_lock = lock_run_dir(out, resuming=config.load or False, overwrite=config.overwrite_output_dir)  # noqa: F841
     keys = tuple(config.algorithm.reward_keys)
 
     state, start_step = None, 0
     if config.load:
         ckpt, state = read_checkpoint(config.load)  # an unreadable or incomplete file: CheckpointError
-        check_checkpoint(config, state, config.load, has_critic=R.CRITIC in layout)
+        for warning in check_checkpoint(config, state, config.load, has_critic=R.CRITIC in layout):
+            log(f"relax: warning: {warning}")  # hyper-parameters changed on resume (allowed)
         start_step = int(state["step"])
         old_metrics = ckpt.parents[2] / "metrics.jsonl"
         new_metrics = out / "metrics.jsonl"
@@ -108,6 +146,8 @@ def run(config) -> RunSummary:
 
     runtime = Runtime(config, algorithm_cls, layout)
     last_ckpt = None
+    saved_step = None
+    pipeline = None
     bar = None
     steps_run = 0
     try:
@@ -133,22 +173,24 @@ def run(config) -> RunSummary:
             metrics_log.write(row)
             trackers.log(row)
             steps_run += 1
-            postfix = {_short(k): f"{row.get(f'reward/{k}/mean', float('nan')):.2f}" for k in keys}
+            shown = (config.reward_key,) if config.reward_key else keys  # --reward-key: the run's reward
+            postfix = {_short(k): f"{row.get(f'reward/{k}/mean', float('nan')):.2f}" for k in shown}
             if config.fully_async:
                 postfix["stale"] = f"{row.get('async/staleness_max', 0):.0f}"
             bar.set_postfix(postfix, refresh=False)
             if not config.progress and (step % config.log_interval == 0 or final):
-                log(progress_line(row, keys, config.num_rollout))
+                log(progress_line(row, keys, config.num_rollout, config.reward_key))
             if saving:
                 last_ckpt = save_checkpoint(runtime, out, step)
+                saved_step = step
                 pipeline.checkpointed(step)
         pipeline.close()
         bar.close()
         t_end = time.perf_counter()
-        table, stats = summary_table(metrics_log.rows, keys)
+        table, stats = summary_table(metrics_log.rows, keys, config.reward_key)
         log("\n" + table)
         log(f"relax: {steps_run} steps in {t_end - t_ready:.1f}s ({(t_end - t_ready) / max(steps_run, 1):.3f}s/step), "
-             f"start-up {t_ready - t_start:.1f}s; metrics: {out / 'metrics.jsonl'}")
+             f"start-up {t_ready - t_start:.1f}s; metrics: {out / 'metrics.jsonl'}; model: {last_ckpt.parent if last_ckpt else 'not saved'}")
         return RunSummary(
             output_dir=str(out), steps_run=steps_run, last_step=start_step + steps_run, reward_first_last=stats,
             startup_s=t_ready - t_start, train_s=t_end - t_ready, total_s=t_end - t_start,
@@ -156,6 +198,8 @@ def run(config) -> RunSummary:
         )
     except KeyboardInterrupt:
         log("relax: interrupted; shutting down the workers", bar)
+        # the workers are still alive here: save before runtime.stop() (bounded)
+        _save_on_interrupt(runtime, pipeline, metrics_log, trackers, out, steps_run, saved_step, bar)
         raise
     finally:
         trackers.close()

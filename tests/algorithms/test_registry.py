@@ -70,7 +70,6 @@ def test_capabilities_stated_by_the_specification():
     assert gdpo["advantage_normalization"] == "forbidden"
     assert [n for n, c in caps.items() if c["needs_critic"]] == ["ppo"]
     assert [n for n, c in caps.items() if c["kl_level"] == "sequence"] == ["gspo"]
-    assert caps["gspo"]["needs_full_log_probs"] is True
     assert caps["rloo"]["min_group_size"] == 2
     assert caps["reinforce_plus_plus_baseline"]["min_group_size"] == 2
     for name in ("grpo", "gspo", "sapo", "cispo", "rloo", "gdpo", "reinforce_plus_plus_baseline"):

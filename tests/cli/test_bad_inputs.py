@@ -288,6 +288,17 @@ CASES = [
     ("load_other_seed", ["--load", "ckpts/seed7.pt"], "trained with --seed 7, this run has --seed 1234"),
     # cluster
     ("ray_address_dead", ["--ray-address", "127.0.0.1:1"], "--ray-address 127.0.0.1:1: nothing answers"),
+    # resuming into another run's directory would write over its metrics
+    ("load_into_another_run", ["--load", "resumable", "--output-dir", "old_run"],
+     ("--output-dir old_run already holds another run (metrics.jsonl with 20 steps) and --load resumable resumes "
+      "the run in resumable")),
+    ("load_file_into_a_run", ["--load", "ckpts/full.pt", "--output-dir", "old_run"],
+     "resumes a checkpoint kept outside any run directory"),
+    # keeping checkpoints, timing reward calls
+    ("keep_checkpoints_zero", ["--keep-checkpoints", "0"], "argument --keep-checkpoints: must be"),
+    ("reward_timeout_zero", ["--reward-timeout", "0"], "argument --reward-timeout: must be > 0"),
+    ("reward_over_timeout", [DATA, "good.jsonl", RM, f"{R}:hangs", "--reward-timeout", "0.5"],
+     "did not return within --reward-timeout 0.5s"),
 ]
 
 
@@ -341,8 +352,12 @@ def test_the_table_is_large_enough():
     ["--load", "ckpts/seed7.pt", "--seed", "7"],
     ["--load", "ckpts/rloo.pt", "--advantage-estimator", "rloo"],
     [DATA, "no_label.jsonl", RM, f"{R}:good", "--label-key", ""],
+    ["--load", "resumable", "--output-dir", "resumable_continued"],
+    ["--load", "resumable/checkpoints/step_000002", "--output-dir", "resumable"],
+    [DATA, "good.jsonl", RM, f"{R}:good", "--reward-timeout", "5", "--keep-checkpoints", "2"],
 ], ids=["new_dir", "overwrite", "config_new_dir", "task_keys", "reward_fn", "gdpo_task_keys", "seed_max",
-        "more_steps", "good_checkpoint", "resume_in_place", "resume_seed", "resume_method", "no_labels"])
+        "more_steps", "good_checkpoint", "resume_in_place", "resume_seed", "resume_method", "no_labels",
+        "resume_new_dir", "resume_step_in_place", "timeout_and_keep"])
 def test_suggested_fixes_pass(cli, ws, argv):
     before = _snapshot(ws)
     code, _, err = cli("train", *argv, "--dry-run")
@@ -536,6 +551,11 @@ def test_a_running_run_is_locked_and_sigterm_shuts_it_down_like_ctrl_c(cli, tmp_
     assert run.returncode == 143, stderr
     assert "relax train: terminated (SIGTERM)" in stderr and "relax: interrupted; shutting down" in stderr
     assert "Traceback" not in stderr and "Aborted" not in stderr
+    # the model of the last trained step was saved before the workers went down, and says where
+    steps = len(metrics.read_text().splitlines())
+    saved = tmp_path / "live" / "checkpoints" / f"step_{steps:06d}" / "state.pt"
+    assert f"relax: saved step {steps} to live{os.sep}checkpoints{os.sep}step_{steps:06d}" in stderr, stderr
+    assert torch.load(saved, weights_only=False)["step"] == steps
     # the repeat-this-run recipe without a new directory is refused and keeps the metrics
     kept = metrics.read_text()
     code, _, err = cli("train", "--config", "live/config.yaml")

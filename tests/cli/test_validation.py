@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 import relax.backends.megatron as megatron_pkg
-import relax.cli.validation as validation
+import relax.runtime.validation as validation  # the rules; relax.cli.validation re-exports them
 from relax.algorithms import BUILTIN_ALGORITHMS, algorithm_names, get_algorithm
 
 

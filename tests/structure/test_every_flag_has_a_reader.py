@@ -1,0 +1,156 @@
+"""No flag without a reader (docs/design.md §4): every ``AlgorithmConfig`` / ``RunConfig`` field and
+every capability attribute is read by code that runs, not only parsed and validated.
+
+An AST scan of ``relax/``. What counts as a read:
+
+- a config field: ``<x>.<field>`` loaded, where ``<x>`` is a configuration object by name
+  (``config``, ``cfg``, ``c``, ``a``, ``run_config``, or an attribute chain ending in ``.config`` /
+  ``.algorithm``; ``self`` only inside ``relax/runtime/config.py``, whose derived properties such as
+  ``staleness_bound`` are read in turn), ``getattr(<x>, "<field>")`` with a literal name, or
+  ``<x>.gdpo_axis(<name>)`` with a literal name or in a comprehension over a module-level tuple of
+  literal names (GDPO's axes go through their preset);
+- a capability: ``<anything>.<capability>`` loaded (the names are distinctive).
+
+What does not count: ``relax/cli`` (parsing, building, messages), the declarations
+(``relax/algorithms/config.py``, ``flags.py``, ``capabilities.py``), and, for configuration fields,
+``relax/runtime/validation.py``: a rule that checks a flag is not an effect of the flag. For
+capabilities the rules *are* the effect (``requires_rewards_normalization`` refuses a switch), and
+``relax.runtime.train.run`` applies them on every entry point, which the last test checks.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import attrs
+
+from relax.algorithms.capabilities import CAPABILITIES
+from relax.algorithms.config import AlgorithmConfig
+from relax.runtime.config import RunConfig
+
+ROOT = Path(__file__).resolve().parents[2] / "relax"
+DECLARATIONS = {"algorithms/config.py", "algorithms/flags.py", "algorithms/capabilities.py"}
+VALIDATION = "runtime/validation.py"
+CONFIG_NAMES = {"config", "cfg", "c", "a", "run_config", "algorithm"}
+
+FIELDS = {f.name for f in attrs.fields(AlgorithmConfig)} | {f.name for f in attrs.fields(RunConfig)}
+FIELDS -= {"algorithm"}  # RunConfig.algorithm is the AlgorithmConfig itself, not a flag
+
+# Explicit exceptions, each with its reason. Keep this empty unless a field truly has no reader by
+# design (and then say why here).
+EXCEPTIONS: dict[str, str] = {}
+
+
+def _is_config(node: ast.expr, rel: str) -> bool:
+    if isinstance(node, ast.Name):
+        return node.id in CONFIG_NAMES or (node.id == "self" and rel == "runtime/config.py")
+    if isinstance(node, ast.Attribute):
+        return node.attr in ("config", "algorithm")
+    return False
+
+
+def _string_tuples(tree: ast.Module) -> dict[str, list[str]]:
+    """Module-level ``NAME = ("a", "b", ...)``."""
+    out = {}
+    for node in tree.body:
+        if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+                and isinstance(node.value, ast.Tuple)
+                and all(isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.value.elts)):
+            out[node.targets[0].id] = [e.value for e in node.value.elts]
+    return out
+
+
+def _axis_loops(tree: ast.Module) -> dict[int, list[str]]:
+    """``id(call)`` -> names, for ``gdpo_axis(x)`` inside ``[... for x in TUPLE]``."""
+    tuples, out = _string_tuples(tree), {}
+    for comp in ast.walk(tree):
+        if not isinstance(comp, (ast.ListComp, ast.GeneratorExp, ast.SetComp, ast.DictComp)):
+            continue
+        loops = {g.target.id: tuples[g.iter.id] for g in comp.generators
+                 if isinstance(g.target, ast.Name) and isinstance(g.iter, ast.Name) and g.iter.id in tuples}
+        for call in ast.walk(comp):
+            if (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr == "gdpo_axis"
+                    and call.args and isinstance(call.args[0], ast.Name) and call.args[0].id in loops):
+                out[id(call)] = loops[call.args[0].id]
+    return out
+
+
+def readers(root: Path = ROOT, skip: frozenset = frozenset()) -> tuple[dict[str, set], dict[str, set]]:
+    """-> ``({field: {files}}, {capability: {files}})`` of the reads outside the CLI and declarations."""
+    fields: dict[str, set] = {}
+    caps: dict[str, set] = {}
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        if rel.startswith("cli/") or rel in DECLARATIONS or rel in skip:
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        axis_loops = _axis_loops(tree)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
+                if node.attr in CAPABILITIES:
+                    caps.setdefault(node.attr, set()).add(rel)
+                if node.attr in FIELDS and rel != VALIDATION and _is_config(node.value, rel):
+                    fields.setdefault(node.attr, set()).add(rel)
+            if isinstance(node, ast.Call) and node.args and rel != VALIDATION:
+                func = node.func
+                literal = [a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+                if isinstance(func, ast.Name) and func.id == "getattr" and len(node.args) >= 2:
+                    names = literal[:1] if _is_config(node.args[0], rel) else []
+                elif isinstance(func, ast.Attribute) and func.attr == "gdpo_axis":
+                    names = literal[:1] or axis_loops.get(id(node), [])
+                else:
+                    names = []
+                for name in names:
+                    if name in FIELDS:
+                        fields.setdefault(name, set()).add(rel)
+    return fields, caps
+
+
+def test_every_config_field_is_read_outside_the_cli():
+    fields, _ = readers()
+    silent = sorted(FIELDS - set(fields) - set(EXCEPTIONS))
+    assert not silent, (
+        f"configuration fields read by nothing outside relax/cli and the validation rules: {silent}. Give "
+        "each a reader at run time (docs/design.md, 'Add a flag'), or remove the flag"
+    )
+
+
+def test_every_capability_is_read_outside_the_cli():
+    _, caps = readers()
+    silent = sorted(set(CAPABILITIES) - set(caps))
+    assert not silent, f"capability attributes read by nothing outside relax/cli: {silent}; consume or remove them"
+
+
+def test_exceptions_are_real_fields_still_without_a_reader():
+    fields, _ = readers()
+    assert set(EXCEPTIONS) <= FIELDS
+    assert not set(EXCEPTIONS) & set(fields), "an exception got a reader: remove it from EXCEPTIONS"
+
+
+def test_the_scan_catches_a_switch_that_is_only_validated():
+    # Without the rollout worker, --disable-rewards-normalization is read only by the validation rules
+    # (and the CLI), and the hooks and dynamic-sampling flags by nothing: the scan must say so.
+    fields, _ = readers(skip=frozenset({"runtime/rollout_worker.py"}))
+    for name in ("rewards_normalization", "max_sampling_rounds", "over_sampling_batch_size"):
+        assert name not in fields, name
+
+
+
+def test_only_reads_of_configuration_objects_count(tmp_path):
+    (tmp_path / "other.py").write_text(
+        "def f(self, engine, torch):\n    return self.lr, torch.load, engine.seed, getattr(engine, 'task')\n")
+    (tmp_path / "cli").mkdir()
+    (tmp_path / "cli" / "main.py").write_text("def g(config):\n    return config.seed\n")
+    assert readers(tmp_path) == ({}, {})
+    (tmp_path / "reader.py").write_text(
+        "def g(config, algorithm_cls):\n    return config.algorithm.kl_coef, getattr(config, 'seed'), "
+        "algorithm_cls.needs_critic\n")
+    assert readers(tmp_path) == ({"kl_coef": {"reader.py"}, "seed": {"reader.py"}}, {"needs_critic": {"reader.py"}})
+
+
+def test_run_applies_the_validation_rules():
+    tree = ast.parse((ROOT / "runtime" / "train.py").read_text())
+    run = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "run")
+    calls = {n.func.id for n in ast.walk(run) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+    assert "validate" in calls

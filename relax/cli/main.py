@@ -142,7 +142,7 @@ def _on_sigterm(signum, frame):
 def _run_error_message(exc: BaseException) -> str | None:
     """One line for a failure relax knows how to describe, else None (the traceback is shown)."""
     from relax.runtime.checkpoints import CheckpointError
-    from relax.runtime.cluster import WorkerDied
+    from relax.runtime.waits import WorkerDied
 
     if isinstance(exc, WorkerDied):
         cause = getattr(exc.__cause__, "cause", None)  # a RayTaskError's original exception

@@ -301,7 +301,7 @@ def _sample_of(exc: BaseException, samples: list) -> str:
 def check_ray(config: RunConfig) -> None:
     if not config.ray_address:
         return
-    from relax.runtime.cluster import check_ray_address
+    from relax.runtime.ray_session import check_ray_address
 
     try:
         check_ray_address(config.ray_address)

@@ -166,7 +166,7 @@ def save_checkpoint(runtime, out: Path, step: int, timeout: float | None = None)
     """Write the live roles' state for ``step``; returns the ``state.pt`` path. With
     ``--keep-checkpoints N`` the oldest checkpoints beyond N are deleted once this one is written.
     ``timeout`` bounds the wait for the workers' states (``WorkerDied`` when it runs out)."""
-    from relax.runtime.cluster import get
+    from relax.runtime.waits import get
 
     # A backend that gathers its state over all ranks (a collective) is asked on every rank.
     actors = runtime.actors if runtime.backend_cls.gathers_on_all_ranks else runtime.actors[:1]
@@ -212,7 +212,7 @@ def prune_checkpoints(out: Path, keep: int) -> list[Path]:
 
 def restore_checkpoint(runtime, state: dict) -> None:
     """Load ``state`` into the live roles (the rollout also takes the actor's weights)."""
-    from relax.runtime.cluster import get
+    from relax.runtime.waits import get
 
     refs = [a.load_state_dict.remote(state["actor"]) for a in runtime.actors]
     weights = state["actor"]["backend"]["model"]

@@ -18,6 +18,6 @@ RAY_ENV_DEFAULTS = {
 def apply_environment_defaults() -> None:
     """Set each default the user has not set. Must run before transfer_queue is imported (it reads
     TQ_NUM_THREADS once, at import: set later, its storage unit logged a warning on every put/get)
-    and before Ray starts (``relax.runtime.sampler`` and ``train._start_ray`` call it)."""
+    and before Ray starts (``relax.runtime.sampler`` and ``ray_session.start_ray`` call it)."""
     for key, value in RAY_ENV_DEFAULTS.items():
         os.environ.setdefault(key, value)

@@ -26,9 +26,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 from relax.runtime import roles as R
 from relax.runtime.actor_metrics import STEP_METRICS_KEY, combine_actor_metrics
-from relax.runtime.cluster import Runtime, get
+from relax.runtime.cluster import Runtime
 from relax.runtime.rollouts import plan_from_rollouts, rollout_metrics
 from relax.runtime.schedule import num_minibatches
+from relax.runtime.waits import get
 
 
 def rollout_version(step: int, staleness_bound: int, floor: int) -> int:

@@ -37,6 +37,7 @@ from relax.algorithms import load_algorithm, numerics
 from relax.algorithms.types import check_normalized_rewards
 from relax.rollout import factory as rollout_factory
 from relax.rollout.base import SamplingParams
+from relax.rollout.hooks import FILTER_FLAG, POST_PROCESS_FLAG, call_keep_filter, call_post_process
 from relax.rollout.rewards import load_function, score
 from relax.runtime.fields import AttachesDataPlane
 from relax.runtime.metrics import completion_records, response_stats
@@ -64,67 +65,6 @@ def filter_groups(algorithm, rewards: torch.Tensor, group_ids: torch.Tensor) -> 
                 "keep or drop whole groups"
             )
     return keep
-
-
-POST_PROCESS_FLAG = "--custom-reward-post-process-path"
-FILTER_FLAG = "--dynamic-sampling-filter-path"
-
-
-class HookError(ValueError):
-    """A user hook (``--custom-reward-post-process-path``, ``--dynamic-sampling-filter-path``) raised or
-    returned something outside its contract; the message names the flag, the function and the step."""
-
-
-def _hook_name(flag: str, spec: str, step: int) -> str:
-    return f"{flag} {spec!r} (step {step})"
-
-
-def call_keep_filter(fn, spec: str, step: int, rewards, group_ids, samples, keep) -> torch.Tensor:
-    """``keep_filter(rewards, group_ids, samples, keep)`` -> checked bool ``[N]``, constant per group."""
-    where = _hook_name(FILTER_FLAG, spec, step)
-    try:
-        out = fn(rewards.clone(), group_ids.clone(), samples, keep.clone())
-    except Exception as exc:
-        raise HookError(f"{where} raised {type(exc).__name__}: {exc}") from exc
-    n = group_ids.shape[0]
-    if not isinstance(out, torch.Tensor) or out.dtype != torch.bool or tuple(out.shape) != (n,):
-        got = f"a {out.dtype} tensor of shape {tuple(out.shape)}" if isinstance(out, torch.Tensor) else (
-            f"a {type(out).__name__}")
-        raise HookError(
-            f"{where} returned {got}; keep_filter(rewards, group_ids, samples, keep) must return a bool "
-            f"tensor of shape ({n},), one entry per sample (e.g. keep & my_condition)"
-        )
-    for g in torch.unique(group_ids).tolist():
-        member = out[group_ids == g]
-        if bool(member.any()) and not bool(member.all()):
-            first = int((group_ids == g).nonzero()[0, 0])
-            raise HookError(
-                f"{where} kept only part of prompt group {g} (samples from {first}: {member.tolist()}); "
-                "it must keep or drop whole groups: return the same value for every sample of a group"
-            )
-    return out
-
-
-def call_post_process(fn, spec: str, step: int, rewards, group_ids, samples) -> torch.Tensor:
-    """``post_process(rewards, group_ids, samples)`` -> checked finite float32 ``[N]``."""
-    where = _hook_name(POST_PROCESS_FLAG, spec, step)
-    try:
-        out = fn(rewards.clone(), group_ids.clone(), samples)
-    except Exception as exc:
-        raise HookError(f"{where} raised {type(exc).__name__}: {exc}") from exc
-    n = group_ids.shape[0]
-    if not isinstance(out, torch.Tensor) or out.dtype != torch.float32 or tuple(out.shape) != (n,):
-        got = f"a {out.dtype} tensor of shape {tuple(out.shape)}" if isinstance(out, torch.Tensor) else (
-            f"a {type(out).__name__}")
-        raise HookError(
-            f"{where} returned {got}; post_process(rewards, group_ids, samples) must return a float32 "
-            f"tensor of shape ({n},), one scalar per sample (e.g. my_values.float())"
-        )
-    bad = ~torch.isfinite(out)
-    if bool(bad.any()):
-        i = int(bad.nonzero()[0, 0])
-        raise HookError(f"{where} returned {int(bad.sum())} non-finite value(s), the first at sample {i}: {out[i].item()}")
-    return out
 
 
 class RolloutCore:

@@ -27,8 +27,9 @@ from relax.runtime.checkpoints import (
     restore_checkpoint,
     save_checkpoint,
 )
-from relax.runtime.cluster import Runtime, log
+from relax.runtime.cluster import Runtime
 from relax.runtime.config import output_dir_of
+from relax.runtime.console import log
 from relax.runtime.metrics import MetricsLog, progress_line, summary_table
 from relax.runtime.pipeline import Pipeline
 from relax.runtime.run_dir import lock_run_dir

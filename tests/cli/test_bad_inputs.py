@@ -464,7 +464,7 @@ def test_run_errors_pickle_intact():
 
 
 def test_ray_address_without_listener_fails_fast():
-    from relax.runtime.cluster import check_ray_address
+    from relax.runtime.ray_session import check_ray_address
 
     t0 = time.monotonic()
     with pytest.raises(ConnectionError, match="--ray-address 127.0.0.1:1: nothing answers"):
@@ -493,7 +493,7 @@ def test_sigterm_shuts_down_like_ctrl_c(cli, ws, monkeypatch):
 def test_worker_failure_is_one_line(monkeypatch, cli, ws):
     """A RayTaskError-wrapped failure inside a worker is printed once, in relax's words, exit 1."""
     from relax.algorithms.types import AlgorithmOutputError
-    from relax.runtime.cluster import WorkerDied
+    from relax.runtime.waits import WorkerDied
 
     class FakeRayTaskError(Exception):
         def __init__(self, cause):

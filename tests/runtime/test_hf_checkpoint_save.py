@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from relax.algorithms import AlgorithmConfig
-from relax.runtime.config import RunConfig
 from relax.runtime.checkpoints import checkpoint_path
+from relax.runtime.config import RunConfig
 from relax.runtime.train import run
 
 pytestmark = [pytest.mark.ray, pytest.mark.filterwarnings("ignore")]

@@ -14,8 +14,9 @@ import torch
 from memory_plane import MemoryDataPlane
 
 from relax.algorithms import AlgorithmConfig
+from relax.rollout.hooks import HookError
 from relax.runtime.config import RunConfig
-from relax.runtime.rollout_worker import HookError, RolloutCore
+from relax.runtime.rollout_worker import RolloutCore
 from relax.runtime.rollouts import rollout_metrics
 
 KEYS = ("correct", "digits", "format", "length")

@@ -17,10 +17,10 @@ from memory_plane import MemoryDataPlane
 from relax.algorithms import AlgorithmConfig
 from relax.runtime.actor_worker import ActorCore
 from relax.runtime.advantages import AdvantagesCore
+from relax.runtime.checkpoints import checkpoint_path
 from relax.runtime.config import RunConfig
 from relax.runtime.rollout_worker import RolloutCore
 from relax.runtime.schedule import plan_step
-from relax.runtime.checkpoints import checkpoint_path
 from relax.runtime.train import run
 
 pytestmark = [pytest.mark.ray, pytest.mark.filterwarnings("ignore")]
@@ -202,7 +202,7 @@ def test_all_groups_dropped_still_logs_and_a_failing_reward_stops_the_run_clearl
         rollout_batch_size=4, num_steps_per_rollout=2, num_rollout=2, seed=3,
         custom_rm_path="my_relax_rewards:flaky", output_dir=str(out), progress=False,
     )
-    from relax.runtime.cluster import WorkerDied
+    from relax.runtime.waits import WorkerDied
 
     with pytest.raises(WorkerDied, match=r"rollout.*sample 0.*judge unavailable"):
         run(cfg)

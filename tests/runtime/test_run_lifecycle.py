@@ -115,7 +115,7 @@ def test_an_async_reward_over_the_timeout():
 def test_a_dead_watched_component_fails_the_drivers_wait(ray_cluster):
     import ray
 
-    from relax.runtime import cluster
+    from relax.runtime import waits
 
     @ray.remote(num_cpus=0)
     class Component:
@@ -124,14 +124,14 @@ def test_a_dead_watched_component_fails_the_drivers_wait(ray_cluster):
             return seconds
 
     busy, victim = Component.remote(), Component.remote()
-    assert cluster.get([busy.sleep.remote(0), victim.sleep.remote(0)], "test") == [0, 0]
-    cluster.watch_components([("test storage unit (actor Victim)", victim)])
+    assert waits.get([busy.sleep.remote(0), victim.sleep.remote(0)], "test") == [0, 0]
+    waits.watch_components([("test storage unit (actor Victim)", victim)])
     try:
         ray.kill(victim)
-        with pytest.raises(cluster.WorkerDied, match=r"^the test storage unit \(actor Victim\) died"):
-            cluster.get(busy.sleep.remote(60), "rollout")
+        with pytest.raises(waits.WorkerDied, match=r"^the test storage unit \(actor Victim\) died"):
+            waits.get(busy.sleep.remote(60), "rollout")
     finally:
-        cluster.watch_components([])
+        waits.watch_components([])
         ray.kill(busy)
 
 

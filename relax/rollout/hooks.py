@@ -1,0 +1,77 @@
+"""The reward hooks a user plugs into the rollout, called with their contracts checked.
+
+``--dynamic-sampling-filter-path``: ``keep_filter(rewards, group_ids, samples, keep) -> bool [N]``
+decides which prompt groups the rollout keeps (``keep`` is the algorithm's own verdict); the result
+must be constant within a group. ``--custom-reward-post-process-path``: ``post_process(rewards,
+group_ids, samples) -> float32 [N]`` replaces the method's reward normalization. ``rewards`` is the
+float64 ``[N, K]`` matrix in ``--reward-keys`` order, ``samples`` one dict per sample (prompt,
+completion, label, metadata). A hook that raises or breaks its contract stops the run with a
+``HookError`` naming the flag, the function and the step (docs/en/hooks.md).
+"""
+
+from __future__ import annotations
+
+import torch
+
+POST_PROCESS_FLAG = "--custom-reward-post-process-path"
+FILTER_FLAG = "--dynamic-sampling-filter-path"
+
+
+class HookError(ValueError):
+    """A user hook (``--custom-reward-post-process-path``, ``--dynamic-sampling-filter-path``) raised or
+    returned something outside its contract; the message names the flag, the function and the step."""
+
+
+def _hook_name(flag: str, spec: str, step: int) -> str:
+    return f"{flag} {spec!r} (step {step})"
+
+
+def _describe(value) -> str:
+    return f"a {value.dtype} tensor of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else (
+        f"a {type(value).__name__}")
+
+
+def call_keep_filter(fn, spec: str, step: int, rewards, group_ids, samples, keep) -> torch.Tensor:
+    """``keep_filter(rewards, group_ids, samples, keep)`` -> checked bool ``[N]``, constant per group."""
+    where = _hook_name(FILTER_FLAG, spec, step)
+    try:
+        out = fn(rewards.clone(), group_ids.clone(), samples, keep.clone())
+    except Exception as exc:
+        raise HookError(f"{where} raised {type(exc).__name__}: {exc}") from exc
+    n = group_ids.shape[0]
+    if not isinstance(out, torch.Tensor) or out.dtype != torch.bool or tuple(out.shape) != (n,):
+        got = _describe(out)
+        raise HookError(
+            f"{where} returned {got}; keep_filter(rewards, group_ids, samples, keep) must return a bool "
+            f"tensor of shape ({n},), one entry per sample (e.g. keep & my_condition)"
+        )
+    for g in torch.unique(group_ids).tolist():
+        member = out[group_ids == g]
+        if bool(member.any()) and not bool(member.all()):
+            first = int((group_ids == g).nonzero()[0, 0])
+            raise HookError(
+                f"{where} kept only part of prompt group {g} (samples from {first}: {member.tolist()}); "
+                "it must keep or drop whole groups: return the same value for every sample of a group"
+            )
+    return out
+
+
+def call_post_process(fn, spec: str, step: int, rewards, group_ids, samples) -> torch.Tensor:
+    """``post_process(rewards, group_ids, samples)`` -> checked finite float32 ``[N]``."""
+    where = _hook_name(POST_PROCESS_FLAG, spec, step)
+    try:
+        out = fn(rewards.clone(), group_ids.clone(), samples)
+    except Exception as exc:
+        raise HookError(f"{where} raised {type(exc).__name__}: {exc}") from exc
+    n = group_ids.shape[0]
+    if not isinstance(out, torch.Tensor) or out.dtype != torch.float32 or tuple(out.shape) != (n,):
+        got = _describe(out)
+        raise HookError(
+            f"{where} returned {got}; post_process(rewards, group_ids, samples) must return a float32 "
+            f"tensor of shape ({n},), one scalar per sample (e.g. my_values.float())"
+        )
+    bad = ~torch.isfinite(out)
+    if bool(bad.any()):
+        i = int(bad.nonzero()[0, 0])
+        raise HookError(f"{where} returned {int(bad.sum())} non-finite value(s), the first at sample {i}: {out[i].item()}")
+    return out

@@ -1,0 +1,124 @@
+"""Starting Ray for a run, or joining ``--ray-address``: the workers' environment, a bounded check
+that the address answers, the signal handler Ray would replace, and Ray's relayed output sent to
+stderr without its shutdown noise."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+
+from relax.runtime.environment import RAY_ENV_DEFAULTS, apply_environment_defaults
+
+WORKER_CPUS = 0.25  # logical: Ray's CPUs are scheduling tokens, not cores
+
+
+def _runtime_env(config) -> dict:
+    """Workers must import what the driver imports, including a user's ``my_pkg.my_mod:MyAlgo``
+    from the current directory: locally through PYTHONPATH, on a remote cluster by shipping the
+    working directory."""
+    cwd = os.getcwd()
+    env = {k: os.environ.get(k, v) for k, v in RAY_ENV_DEFAULTS.items()}
+    paths = [cwd] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    runtime_env = {"env_vars": env}
+    if config.ray_address:
+        runtime_env["working_dir"] = cwd
+        runtime_env["excludes"] = ["outputs/", ".git/", "*.pt", "__pycache__/", ".tox/", "*.egg-info/"]
+    return runtime_env
+
+
+RAY_ADDRESS_TIMEOUT_S = 5.0
+
+
+def check_ray_address(address: str, timeout: float = RAY_ADDRESS_TIMEOUT_S) -> None:
+    """Raise ``ConnectionError`` unless something answers at ``--ray-address host:port`` within
+    ``timeout`` seconds (``ray.init`` would wait forever). ``auto`` and addresses without a port
+    are left to Ray."""
+    import socket
+
+    target = address.split("://", 1)[-1].rstrip("/")
+    host, _, port = target.rpartition(":")
+    if not host or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as exc:
+        raise ConnectionError(
+            f"--ray-address {address}: nothing answers at {host}:{port} within {timeout:g}s "
+            f"({exc.strerror or type(exc).__name__}); start the cluster (`ray start --head`), check the "
+            "address with `ray status` on its head node, or omit --ray-address to start a local Ray"
+        ) from None
+
+
+def start_ray(config) -> bool:
+    """Start a local Ray or join ``ray_address``; returns True when this call started/joined it."""
+    apply_environment_defaults()
+    import ray
+
+    if ray.is_initialized():
+        return False  # e.g. the test session's shared cluster: use it, leave it running
+    # Worker logs reach the driver (errors must be visible); Ray's and Serve's INFO chatter does not.
+    kwargs = {"include_dashboard": False, "log_to_driver": True, "logging_level": "WARNING",
+              "runtime_env": _runtime_env(config)}
+    import signal
+
+    # ray.init replaces the SIGTERM handler (with one that calls sys.exit(15)); keep the caller's
+    # (``relax train`` turns SIGTERM into the Ctrl-C shutdown).
+    on_main = threading.current_thread() is threading.main_thread()
+    sigterm = signal.getsignal(signal.SIGTERM) if on_main else None
+    if config.ray_address:
+        check_ray_address(config.ray_address)
+        ray.init(address=config.ray_address, **kwargs)
+    else:
+        # TransferQueue's controller and storage unit each ask for a whole CPU: more logical CPUs
+        # than cores (docs/en/ray-and-transferqueue.md, TransferQueue workarounds, item 1); the workers ask for a fraction each.
+        cpus = max(4, os.cpu_count() or 1, 2 + WORKER_CPUS * (config.actor_num_workers + config.rollout_num_workers + 3))
+        ray.init(num_cpus=int(cpus + 0.999), object_store_memory=512 * 2**20, **kwargs)
+    if callable(sigterm):
+        signal.signal(signal.SIGTERM, sigterm)
+    _relay_worker_output()
+    return True
+
+
+# Lines Ray relays from its processes that are shutdown noise, not news: Serve's controller ends
+# itself at serve.shutdown() and its pending calls are reported as "failed ... killed by `ray.kill`";
+# TransferQueue warns about a partition already dropped.
+RELAYED_NOISE = ("killed by `ray.kill`", "non-existent partition")
+
+
+def _relay_worker_output() -> None:
+    """Ray prints what its processes write (and raylet's error messages) on the driver's stdout; send
+    it to stderr instead (stdout carries only what relax prints, e.g. JSON a script reads) and drop
+    ``RELAYED_NOISE``. Ray's private printer is wrapped (both its log relay and its error-message
+    listener call it); when that API changes, Ray's own printing stays in place."""
+    with contextlib.suppress(Exception):
+        from ray._private import worker as ray_worker
+        from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
+
+        original = getattr(ray_worker.print_to_stdstream, "relax_original", ray_worker.print_to_stdstream)
+
+        def relay(data, ignore_prefix):
+            lines = [line for line in data.get("lines", []) if not any(n in line for n in RELAYED_NOISE)]
+            if lines:
+                original({**data, "lines": lines, "is_err": True}, ignore_prefix)
+
+        relay.relax_original = original
+        ray_worker.print_to_stdstream = relay
+        ignore_prefix = ray_worker._should_ignore_worker_log_prefix(ray_worker.global_worker)
+        dispatcher.remove_handler("ray_print_logs")
+        dispatcher.add_handler("ray_print_logs", lambda data: relay(data, ignore_prefix))
+
+
+class _DropNoise(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not any(n in record.getMessage() for n in RELAYED_NOISE)
+
+
+def quiet_transferqueue_client() -> None:
+    """The driver's TransferQueue client warns when a partition it clears is already gone (the
+    step's data was dropped, which is what clearing wants): ``RELAYED_NOISE``, not news."""
+    logger = logging.getLogger("transfer_queue.client")
+    if not any(isinstance(f, _DropNoise) for f in logger.filters):
+        logger.addFilter(_DropNoise())

@@ -1,0 +1,136 @@
+"""Bounded waits of the driver: ``get`` turns a dead worker, or a dead TransferQueue component, into
+one error naming it; ``bounded`` runs a shutdown step for at most a few seconds."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+
+from relax.runtime.console import log
+
+
+class WorkerDied(RuntimeError):
+    pass
+
+
+# Components whose death fails every driver wait within seconds (``watch_components``): the
+# TransferQueue controller and storage units. A dead worker already fails its own call; a dead
+# TransferQueue component would only make the workers wait on it (minutes of retries).
+LIVENESS_POLL_S = 2.0
+_WATCHED: list[tuple[str, object]] = []
+
+
+def watch_components(components: list[tuple[str, object]]) -> None:
+    """``[(description, actor handle)]`` checked while the driver waits (empty: none)."""
+    _WATCHED[:] = components
+
+
+def dead_component() -> str | None:
+    """The description of a watched component whose actor is dead, else None. A component busy
+    with other calls (no answer within a second) counts as alive."""
+    if not _WATCHED:
+        return None
+    import ray
+    from ray.exceptions import RayActorError
+
+    pings = []
+    for name, handle in _WATCHED:
+        try:
+            pings.append((name, handle.__ray_ready__.remote()))
+        except RayActorError:
+            return name
+    ready, _ = ray.wait([ref for _, ref in pings], num_returns=len(pings), timeout=1.0)
+    ready = set(ready)
+    for name, ref in pings:
+        if ref in ready:
+            try:
+                ray.get(ref, timeout=0)
+            except RayActorError:
+                return name
+            except Exception:  # noqa: BLE001, S110 - anything but "the actor is dead" is not our business here
+                pass
+    return None
+
+
+def _wait_watching(refs, timeout: float | None) -> None:
+    """Wait until every ref is ready (or ``timeout``), checking the watched components' liveness
+    every ``LIVENESS_POLL_S`` seconds; a dead one raises ``WorkerDied`` naming it."""
+    import ray
+
+    pending = list(dict.fromkeys(refs if isinstance(refs, (list, tuple)) else [refs]))
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while pending:
+        wait = LIVENESS_POLL_S if deadline is None else min(LIVENESS_POLL_S, deadline - time.monotonic())
+        if wait <= 0:
+            return  # ray.get reports the timeout
+        ready, pending = ray.wait(pending, num_returns=len(pending), timeout=wait)
+        if ready:
+            ray.get(ready)  # a failed call fails now, not after the others
+        if pending:
+            dead = dead_component()
+            if dead is not None:
+                raise WorkerDied(
+                    f"the {dead} died; the run cannot continue without it (its data is lost). See the log "
+                    "lines above for why (e.g. out of memory); restart the run, with --load to resume from "
+                    "the last checkpoint"
+                )
+
+
+def get(refs, what: str, timeout: float | None = None):
+    """``ray.get`` that turns a dead worker, or a dead watched component (TransferQueue), into one
+    clear error naming it."""
+    import ray
+    from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+
+    try:
+        if _WATCHED:
+            _wait_watching(refs, timeout)
+        return ray.get(refs, timeout=timeout)
+    except RayActorError as exc:
+        raise WorkerDied(f"the {what} worker died: {exc}. See the worker log lines above.") from exc
+    except RayTaskError as exc:
+        cause = exc.as_instanceof_cause() if hasattr(exc, "as_instanceof_cause") else exc
+        raise WorkerDied(f"the {what} worker failed: {type(cause).__name__}: {cause}") from exc
+    except GetTimeoutError as exc:
+        raise WorkerDied(
+            f"the {what} worker did not answer within {timeout:.0f}s (not enough Ray CPUs for every worker, or "
+            "stuck); check `ray status`"
+        ) from exc
+
+
+STOP_STEP_TIMEOUT_S = 20.0
+
+
+def bounded(fn, what: str, timeout: float = STOP_STEP_TIMEOUT_S) -> bool:
+    """Run ``fn`` in a daemon thread for at most ``timeout`` seconds (errors are ignored: this is
+    shutdown); returns whether it finished, and says so on stderr when it did not."""
+    thread = threading.Thread(target=_quietly, args=(fn,), name="relax-stop", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        log(f"relax: warning: {what} did not finish within {timeout:.0f}s; skipped")
+        return False
+    return True
+
+
+def _quietly(fn) -> None:
+    with contextlib.suppress(Exception):
+        fn()
+
+
+def transferqueue_components() -> list[tuple[str, object]]:
+    """The TransferQueue controller and (when this process started them) its storage units."""
+    components = []
+    with contextlib.suppress(Exception):
+        import ray
+
+        components.append(("TransferQueue controller (actor TransferQueueController)",
+                           ray.get_actor("TransferQueueController", namespace="transfer_queue")))
+    with contextlib.suppress(Exception):
+        from transfer_queue import interface
+
+        for backend in (interface._TQ_STORAGE or {}).values():
+            for name, handle in dict(backend).items():
+                components.append((f"TransferQueue storage unit (actor {name})", handle))
+    return components

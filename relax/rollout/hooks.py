@@ -26,25 +26,27 @@ def _hook_name(flag: str, spec: str, step: int) -> str:
     return f"{flag} {spec!r} (step {step})"
 
 
-def _describe(value) -> str:
-    return f"a {value.dtype} tensor of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else (
-        f"a {type(value).__name__}")
+def _call(fn, where: str, n: int, dtype: torch.dtype, contract: str, hint: str, *args) -> torch.Tensor:
+    """``fn(*args)`` (tensors passed as copies), checked to be a ``dtype`` tensor of shape ``(n,)``."""
+    try:
+        out = fn(*(a.clone() if isinstance(a, torch.Tensor) else a for a in args))
+    except Exception as exc:
+        raise HookError(f"{where} raised {type(exc).__name__}: {exc}") from exc
+    if not isinstance(out, torch.Tensor) or out.dtype != dtype or tuple(out.shape) != (n,):
+        got = f"a {out.dtype} tensor of shape {tuple(out.shape)}" if isinstance(out, torch.Tensor) else (
+            f"a {type(out).__name__}")
+        kind = str(dtype).removeprefix("torch.")
+        raise HookError(
+            f"{where} returned {got}; {contract} must return a {kind} tensor of shape ({n},), {hint}"
+        )
+    return out
 
 
 def call_keep_filter(fn, spec: str, step: int, rewards, group_ids, samples, keep) -> torch.Tensor:
     """``keep_filter(rewards, group_ids, samples, keep)`` -> checked bool ``[N]``, constant per group."""
     where = _hook_name(FILTER_FLAG, spec, step)
-    try:
-        out = fn(rewards.clone(), group_ids.clone(), samples, keep.clone())
-    except Exception as exc:
-        raise HookError(f"{where} raised {type(exc).__name__}: {exc}") from exc
-    n = group_ids.shape[0]
-    if not isinstance(out, torch.Tensor) or out.dtype != torch.bool or tuple(out.shape) != (n,):
-        got = _describe(out)
-        raise HookError(
-            f"{where} returned {got}; keep_filter(rewards, group_ids, samples, keep) must return a bool "
-            f"tensor of shape ({n},), one entry per sample (e.g. keep & my_condition)"
-        )
+    out = _call(fn, where, group_ids.shape[0], torch.bool, "keep_filter(rewards, group_ids, samples, keep)",
+                "one entry per sample (e.g. keep & my_condition)", rewards, group_ids, samples, keep)
     for g in torch.unique(group_ids).tolist():
         member = out[group_ids == g]
         if bool(member.any()) and not bool(member.all()):
@@ -59,19 +61,12 @@ def call_keep_filter(fn, spec: str, step: int, rewards, group_ids, samples, keep
 def call_post_process(fn, spec: str, step: int, rewards, group_ids, samples) -> torch.Tensor:
     """``post_process(rewards, group_ids, samples)`` -> checked finite float32 ``[N]``."""
     where = _hook_name(POST_PROCESS_FLAG, spec, step)
-    try:
-        out = fn(rewards.clone(), group_ids.clone(), samples)
-    except Exception as exc:
-        raise HookError(f"{where} raised {type(exc).__name__}: {exc}") from exc
-    n = group_ids.shape[0]
-    if not isinstance(out, torch.Tensor) or out.dtype != torch.float32 or tuple(out.shape) != (n,):
-        got = _describe(out)
-        raise HookError(
-            f"{where} returned {got}; post_process(rewards, group_ids, samples) must return a float32 "
-            f"tensor of shape ({n},), one scalar per sample (e.g. my_values.float())"
-        )
+    out = _call(fn, where, group_ids.shape[0], torch.float32, "post_process(rewards, group_ids, samples)",
+                "one scalar per sample (e.g. my_values.float())", rewards, group_ids, samples)
     bad = ~torch.isfinite(out)
     if bool(bad.any()):
         i = int(bad.nonzero()[0, 0])
-        raise HookError(f"{where} returned {int(bad.sum())} non-finite value(s), the first at sample {i}: {out[i].item()}")
+        raise HookError(
+            f"{where} returned {int(bad.sum())} non-finite value(s), the first at sample {i}: {out[i].item()}"
+        )
     return out

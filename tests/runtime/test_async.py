@@ -9,15 +9,14 @@ asynchronous run resumed from a checkpoint reaches the uninterrupted run's weigh
 
 from __future__ import annotations
 
-import json
-
 import pytest
-import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from run_results import assert_same_weights as _assert_same_weights
+from run_results import checkpoint_weights as _weights
+from run_results import metrics_rows as _rows
 
 from relax.algorithms import AlgorithmConfig
-from relax.runtime.checkpoints import checkpoint_path
 from relax.runtime.config import RunConfig
 from relax.runtime.pipeline import rollout_version
 from relax.runtime.train import run, saves_at, submit_limit
@@ -71,23 +70,9 @@ def _config(algo: str, out, **kw) -> RunConfig:
     return RunConfig(**base)
 
 
-def _rows(out) -> list[dict]:
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-
-
 def _numbers(row: dict) -> dict:
     """A row without what depends on wall time or exists only in asynchronous runs."""
     return {k: v for k, v in row.items() if not k.startswith(("time/", "perf/", "async/")) and not k.endswith("_per_s")}
-
-
-def _weights(out, step) -> dict:
-    return torch.load(checkpoint_path(out, step), weights_only=False)["actor"]["backend"]["model"]
-
-
-def _assert_same_weights(a: dict, b: dict) -> None:
-    assert a.keys() == b.keys()
-    for k, value in a.items():
-        assert torch.equal(value, b[k]), f"weights differ at {k}"
 
 
 @pytest.mark.ray

@@ -7,12 +7,14 @@ the default run show learning).
 
 from __future__ import annotations
 
-import json
 import textwrap
 
 import pytest
 import torch
 from memory_plane import MemoryDataPlane
+from run_results import assert_same_weights as _assert_same_weights
+from run_results import checkpoint_weights as _weights
+from run_results import metrics_rows as _rows
 
 from relax.algorithms import AlgorithmConfig
 from relax.runtime.actor_worker import ActorCore
@@ -42,20 +44,6 @@ def _config(algo: str, out, **kw) -> RunConfig:
     }
     base.update(kw)
     return RunConfig(**base)
-
-
-def _rows(out) -> list[dict]:
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-
-
-def _weights(out, step) -> dict:
-    return torch.load(checkpoint_path(out, step), weights_only=False)["actor"]["backend"]["model"]
-
-
-def _assert_same_weights(a: dict, b: dict) -> None:
-    assert a.keys() == b.keys()
-    for k, value in a.items():
-        assert torch.equal(value, b[k]), f"weights differ at {k}"
 
 
 def _check_rows(rows, steps, extra=()):

@@ -103,7 +103,10 @@ class ActorCore:
         batch = shard["batch"]
         if batch is not None:
             mb = self.config.micro_batch_size
-            shard["old_log_probs"] = self.backend.compute_log_probs(batch, micro_batch_size=mb).log_probs
+            # The entropy comes with the same forward pass: it is logged on every step whatever the
+            # loss uses (policy_health_shares).
+            old = self.backend.compute_log_probs(batch, micro_batch_size=mb, with_entropy=True)
+            shard["old_log_probs"], shard["old_entropy"] = old.log_probs, old.entropy
             if self.reference is not None:
                 shard["ref_log_probs"] = self._reference_log_probs(batch)
         return shard
@@ -185,7 +188,8 @@ class ActorCore:
         ]
 
     def _optimizer_step(self, shard, rows: slice, sub: TokenBatch | None, tokens: int, sequences: int) -> dict:
-        if sub is None or len(sub) == 0:
+        holds_rows = sub is not None and len(sub) > 0
+        if not holds_rows:
             sub, loss_fn = _empty_batch(), zero_loss
         else:
             loss_fn = policy_loss_fn(
@@ -200,8 +204,12 @@ class ActorCore:
                 global_num_sequences=sequences,
                 step=shard["step"],
             )
-        return self.backend.train_step(sub, loss_fn, micro_batch_size=self.config.micro_batch_size,
-                                       with_entropy=self.config.algorithm.entropy_coef != 0.0)
+        metrics = self.backend.train_step(sub, loss_fn, micro_batch_size=self.config.micro_batch_size,
+                                          with_entropy=self.config.algorithm.entropy_coef != 0.0)
+        if holds_rows:
+            metrics.update(policy_health_shares(shard, rows, sub.response_mask, tokens,
+                                                self.config.algorithm.kl_loss_type))
+        return metrics
 
     # -- one training step ------------------------------------------------------------------------
 
@@ -270,6 +278,22 @@ class ActorCore:
         self.backend.load_state_dict(state["backend"])
         torch.set_rng_state(state["torch_rng"])
         return True
+
+
+def policy_health_shares(shard: dict, rows: slice, response_mask: torch.Tensor, global_tokens: float,
+                         kl_type: str) -> dict[str, float]:
+    """This rank's shares of one mini-batch's health metrics, measured on the policy *before* the
+    step's update (the old log-probs pass), whatever the loss uses: ``policy_entropy``, the token
+    mean of the policy's entropy over the response tokens, and, with a reference model,
+    ``kl_to_ref``, the token mean of the per-token KL estimate (``--kl-loss-type``) to it. Shares are
+    sums over this rank's tokens divided by the mini-batch's global token count, so the driver's sum
+    over data-parallel ranks is the whole mini-batch's mean (``relax.runtime.actor_metrics``)."""
+    mask = response_mask.float()
+    shares = {"policy_entropy": float((shard["old_entropy"][rows].float() * mask).sum()) / global_tokens}
+    if "ref_log_probs" in shard:
+        kl = numerics.kl_estimate(shard["old_log_probs"][rows], shard["ref_log_probs"][rows], kl_type)
+        shares["kl_to_ref"] = float((kl * mask).sum()) / global_tokens
+    return shares
 
 
 def _empty_batch() -> TokenBatch:

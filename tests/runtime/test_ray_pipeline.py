@@ -158,7 +158,7 @@ def test_gdpo_with_two_data_parallel_actor_workers(ray_cluster, tmp_path):
     assert rows[0]["actor/grad_norm"] == pytest.approx(metrics["actor/grad_norm"], rel=1e-4)
     # The logged loss metrics are the sums of the two ranks' shares (relax.runtime.actor_metrics),
     # i.e. the single process's values, not rank 0's half.
-    for key in ("actor/loss", "actor/pg_loss", "actor/ppo_kl", "actor/pg_clipfrac"):
+    for key in ("actor/loss", "actor/pg_loss", "actor/ppo_kl", "actor/pg_clipfrac", "actor/policy_entropy"):
         assert rows[0][key] == pytest.approx(metrics[key], rel=1e-4, abs=1e-7), key
 
 
@@ -167,8 +167,10 @@ def test_ppo_with_critic_and_reward_side_kl(ray_cluster, tmp_path):
     out = tmp_path / "ppo_kl"
     run(_config("ppo", out, algorithm={"kl_coef": 0.05}, num_rollout=2))
     rows = _rows(out)
-    _check_rows(rows, range(1, 3), extra=("time/critic/values_s", "critic/value_loss", "actor/loss", "time/actor/prepare_s"))
+    _check_rows(rows, range(1, 3), extra=("time/critic/values_s", "critic/value_loss", "actor/loss", "time/actor/prepare_s",
+                                          "actor/kl_to_ref", "actor/policy_entropy"))
     assert all(r["critic/value_loss"] >= 0 for r in rows)
+    assert rows[0]["actor/kl_to_ref"] == 0.0 != rows[1]["actor/kl_to_ref"]  # the policy starts as the reference
 
 
 @pytest.mark.timeout(240)

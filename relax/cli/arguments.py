@@ -53,6 +53,7 @@ GROUPS = (
     ),
     ("outputs", None),
     ("logging", "Trackers, the --no-progress summary line and sample completions (docs/en/tracking.md)."),
+    ("evaluation", "Held-out evaluation on the current weights, with the rollout engines (docs/en/evaluation.md)."),
     (CONFIG_FILE_GROUP, None),
     (GDPO_GROUP, None),
 )

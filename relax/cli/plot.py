@@ -1,9 +1,11 @@
 """``relax plot RUN_DIR [RUN_DIR ...] [-o FILE.png]``: reward curves of one or several runs.
 
-One row of panels per reward component (``reward/<key>/mean`` of ``metrics.jsonl``, the combined
-reward and, when a run has them, ``eval/<key>/mean``), the left panel against the training step,
-the right one against wall time (the cumulative ``time/step_s``). Runs are overlaid, each under its
-directory name. Long runs are drawn faintly per step with a moving average on top.
+One row of panels per reward component (``reward/<key>/mean`` of ``metrics.jsonl``, then the
+combined reward), the left panel against the training step, the right one against wall time (the
+cumulative ``time/step_s``). The evaluation of the same component (``eval/<key>/mean``, from
+``--eval-*``, docs/en/evaluation.md) is drawn in the same panel, dashed with markers, next to the
+training curve. Runs are overlaid, each in its colour under its directory name. Long runs are drawn
+faintly per step with a moving average on top.
 
 matplotlib is optional (``pip install 'relax-rl[tracking]'``) and imported only here, with the
 non-interactive Agg backend. ``write_run_plot`` is what the end of ``relax train`` calls to leave
@@ -43,17 +45,18 @@ def read_rows(run_dir: Path) -> list[dict]:
     return rows
 
 
-def curve_names(runs: Sequence[tuple[str, list[dict]]]) -> list[str]:
-    """Every ``reward/<key>/mean`` and ``eval/<key>/mean`` of any run, train before eval, in the
-    order the first run logged them (``combined`` last among the train curves)."""
-    seen: dict[str, None] = {}
+def components(runs: Sequence[tuple[str, list[dict]]]) -> list[str]:
+    """Every component with a ``reward/<key>/mean`` or ``eval/<key>/mean`` curve in any run: those
+    trained on first, in the order the runs logged them, ``combined`` last among them, then
+    components that only have an evaluation curve."""
+    seen: dict[str, bool] = {}  # component -> has a training curve
     for _, rows in runs:
         for row in rows:
             for name in row:
-                if _CURVE.match(name):
-                    seen.setdefault(name, None)
-    names = list(seen)
-    return sorted(names, key=lambda n: (n.startswith("eval/"), n == "reward/combined/mean"))
+                match = _CURVE.match(name)
+                if match:
+                    seen[match["key"]] = seen.get(match["key"], False) or match.group(1) == "reward"
+    return sorted(seen, key=lambda k: (not seen[k], k == "combined"))
 
 
 def series(rows: list[dict], name: str) -> tuple[list[int], list[float], list[float]]:
@@ -92,25 +95,30 @@ def plot_runs(run_dirs: Sequence[str | Path], output: str | Path) -> Path:
     for run_dir in run_dirs:
         path = Path(run_dir)
         runs.append((path.resolve().name or str(path), read_rows(path)))
-    names = curve_names(runs)
-    if not names:
+    keys = components(runs)
+    if not keys:
         raise PlotError(f"no reward/<key>/mean values in {', '.join(map(str, run_dirs))}")
-    fig, axes = plt.subplots(len(names), 2, figsize=(11, 2.6 * len(names) + 0.6), squeeze=False)
+    fig, axes = plt.subplots(len(keys), 2, figsize=(11, 2.6 * len(keys) + 0.6), squeeze=False)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for row_axes, name in zip(axes, names):
+    for row_axes, key in zip(axes, keys):
         for index, (label, rows) in enumerate(runs):
-            steps, times, values = series(rows, name)
-            if not steps:
-                continue
             color = colors[index % len(colors)]
+            steps, times, values = series(rows, f"reward/{key}/mean")
             window = max(1, len(values) // 25)
             for ax, x in zip(row_axes, (steps, times)):
+                if not steps:
+                    break
                 if window > 1:
                     ax.plot(x, values, color=color, alpha=0.25, linewidth=0.8)
                     ax.plot(x, moving_average(values, window), color=color, label=label, linewidth=1.6)
                 else:
                     ax.plot(x, values, color=color, label=label, linewidth=1.6, marker="." if len(x) < 30 else None)
-        row_axes[0].set_ylabel(name, fontsize=9)
+            steps, times, values = series(rows, f"eval/{key}/mean")  # held-out, next to the training curve
+            for ax, x in zip(row_axes, (steps, times)):
+                if steps:
+                    ax.plot(x, values, color=color, linestyle="--", marker="o", markersize=4, linewidth=1.2,
+                            label=f"{label} (eval)")
+        row_axes[0].set_ylabel(key, fontsize=9)
         row_axes[0].set_xlabel("step")
         row_axes[1].set_xlabel("wall time (s)")
         for ax in row_axes:

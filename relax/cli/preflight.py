@@ -10,7 +10,7 @@ things the configuration points at, by reusing the code the workers will run:
   (``relax.runtime.checkpoints.read_checkpoint`` / ``check_checkpoint``);
 - ``--hf-checkpoint`` / ``--ref-load``: a Hugging Face directory with ``config.json`` transformers can
   read and weight files; the tokenizer (and chat template) loads;
-- ``--prompt-data``: every row is read, validated and tokenized (``relax.rollout.data.PromptDataset``:
+- ``--prompt-data`` and ``--eval-prompt-data``: every row is read, validated and tokenized (``relax.rollout.data.PromptDataset``:
   file and line numbers, UTF-8, Parquet integrity);
 - the reward function (``--custom-rm-path`` or the task's) is called on a few real prompts and its
   values go through the run's own checks (``relax.rollout.rewards.reward_matrix``);
@@ -204,6 +204,22 @@ def load_prompts(config: RunConfig, tokenizer, warnings: list[str] | None = None
     return [(f"--task {config.task} prompt {i}", p) for i, p in enumerate(prompts)][:REWARD_SAMPLES]
 
 
+def check_eval_prompts(config: RunConfig, tokenizer, warnings: list[str] | None = None) -> None:
+    """``--eval-prompt-data``: every record read, validated and tokenized as the rollout workers will."""
+    if not (config.eval_prompt_data and config.evaluate):
+        return
+    from relax.rollout.data import eval_dataset_from_config
+
+    with warnings_module.catch_warnings(record=True) as caught:
+        warnings_module.simplefilter("always")
+        try:
+            eval_dataset_from_config(config, tokenizer)
+        except (OSError, ValueError, ImportError) as exc:  # PromptDataError is a ValueError: its whole text
+            raise PreflightError(str(exc) if "bad " in str(exc) else _first_line(exc)) from None
+    if warnings is not None:
+        warnings.extend(str(w.message) for w in caught)
+
+
 # -- reward function -------------------------------------------------------------------------------
 
 
@@ -324,6 +340,7 @@ def preflight(config: RunConfig, algorithm) -> list[str]:
             check_hf_dir(path, flag)
     tokenizer = load_tokenizer(config)
     prompts = load_prompts(config, tokenizer, warnings)
+    check_eval_prompts(config, tokenizer, warnings)
     check_reward(config, prompts)
     check_ray(config)
     return warnings

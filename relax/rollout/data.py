@@ -41,8 +41,9 @@ MAX_LISTED_ERRORS = 5
 class PromptDataError(ValueError):
     """Bad rows in ``--prompt-data``; ``errors`` holds every ``(line, message)``."""
 
-    def __init__(self, path: str, errors: list[tuple[int, str]], unit: str):
+    def __init__(self, path: str, errors: list[tuple[int, str]], unit: str, flag: str = "--prompt-data"):
         self.path = str(path)
+        self.flag = flag
         self.errors = list(errors)
         self.unit = unit
         shown = "\n".join(f"  {unit} {line}: {msg}" for line, msg in errors[:MAX_LISTED_ERRORS])
@@ -50,24 +51,24 @@ class PromptDataError(ValueError):
             f"\n  ... and {len(errors) - MAX_LISTED_ERRORS} more" if len(errors) > MAX_LISTED_ERRORS else ""
         )
         super().__init__(
-            f"--prompt-data {path}: {len(errors)} bad {unit}{'s' if len(errors) != 1 else ''} "
+            f"{flag} {path}: {len(errors)} bad {unit}{'s' if len(errors) != 1 else ''} "
             f"(fix or remove them; nothing is skipped silently):\n{shown}{more}"
         )
 
     def __reduce__(self):
         # Rebuilt from the constructor's arguments, so the error crosses Ray's process boundary intact
         # (the default reduce would call ``PromptDataError(message)`` and fail).
-        return (type(self), (self.path, self.errors, self.unit))
+        return (type(self), (self.path, self.errors, self.unit, self.flag))
 
 
-def read_rows(path: str | os.PathLike) -> tuple[list[tuple[int, Any]], str]:
+def read_rows(path: str | os.PathLike, flag: str = "--prompt-data") -> tuple[list[tuple[int, Any]], str]:
     """``[(line_number, row), ...]`` and the unit name ("line" or "row") of a JSONL / Parquet file.
 
     JSON that does not parse is returned as an ``_Unparsable`` row so that it is reported together
     with the other bad rows."""
     p = Path(path).expanduser()
     if not p.is_file():
-        raise FileNotFoundError(f"--prompt-data {str(path)!r} does not exist or is not a file")
+        raise FileNotFoundError(f"{flag} {str(path)!r} does not exist or is not a file")
     suffix = p.suffix.lower()
     if suffix in (".jsonl", ".json"):
         rows = []
@@ -95,7 +96,7 @@ def read_rows(path: str | os.PathLike) -> tuple[list[tuple[int, Any]], str]:
             import pyarrow.parquet as pq
         except ImportError:
             raise ImportError(
-                f"--prompt-data {str(path)!r} is a Parquet file, which needs pyarrow: pip install pyarrow "
+                f"{flag} {str(path)!r} is a Parquet file, which needs pyarrow: pip install pyarrow "
                 "(or pip install 'relax-rl[hf]'), or convert the file to JSONL."
             ) from None
         try:
@@ -103,13 +104,13 @@ def read_rows(path: str | os.PathLike) -> tuple[list[tuple[int, Any]], str]:
             rows = table.to_pylist()
         except Exception as exc:  # noqa: BLE001 - pyarrow raises ArrowInvalid, OSError, ... for a bad file
             raise ValueError(
-                f"--prompt-data {str(path)!r} is not a readable Parquet file ({type(exc).__name__}: "
+                f"{flag} {str(path)!r} is not a readable Parquet file ({type(exc).__name__}: "
                 f"{str(exc).splitlines()[0] if str(exc) else 'no details'}); rewrite it (e.g. with pandas "
                 "DataFrame.to_parquet) or convert it to JSONL"
             ) from None
         return [(i, row) for i, row in enumerate(rows, start=1)], "row"
     raise ValueError(
-        f"--prompt-data {str(path)!r}: unknown file type {suffix!r}; use a .jsonl file (one JSON object per "
+        f"{flag} {str(path)!r}: unknown file type {suffix!r}; use a .jsonl file (one JSON object per "
         "line) or a .parquet file"
     )
 
@@ -137,6 +138,7 @@ class PromptDataset:
         system_prompt: str | None = None,
         prompt_suffix: str | None = None,
         max_prompt_len: int | None = None,
+        flag: str = "--prompt-data",
     ):
         if system_prompt is not None and not apply_chat_template:
             raise ValueError(
@@ -150,6 +152,8 @@ class PromptDataset:
         if max_prompt_len is not None and max_prompt_len < 1:
             raise ValueError(f"--max-prompt-len must be >= 1, got {max_prompt_len}")
         self.path = str(path)
+        self.flag = flag  # the flag that named the file, for messages (--prompt-data, --eval-prompt-data)
+        self.key_flags = "--eval-" if flag == "--eval-prompt-data" else "--"  # --eval-input-key, ...
         self.tokenizer = tokenizer
         self.input_key = input_key
         self.label_key = label_key or None
@@ -159,7 +163,7 @@ class PromptDataset:
         self.prompt_suffix = prompt_suffix or ""
         self.max_prompt_len = max_prompt_len
 
-        rows, self.unit = read_rows(path)
+        rows, self.unit = read_rows(path, flag)
         prompts: list[Prompt] = []
         lengths: list[int] = []
         line_numbers: list[int] = []
@@ -178,7 +182,7 @@ class PromptDataset:
             lengths.append(n_tokens)
             line_numbers.append(number)
         if errors:
-            raise PromptDataError(self.path, errors, self.unit)
+            raise PromptDataError(self.path, errors, self.unit, flag)
         self.prompts: list[Prompt] = prompts
         self.prompt_lengths: list[int] = lengths  # token counts, aligned with ``prompts``
         self.line_numbers: list[int] = line_numbers  # source line of each prompt, for error messages
@@ -187,20 +191,20 @@ class PromptDataset:
         if too_long:
             examples = ", ".join(f"{self.unit} {n} ({k} tokens)" for n, k in too_long[:MAX_LISTED_ERRORS])
             message = (
-                f"--prompt-data {self.path}: dropped {len(too_long)} of {len(rows)} prompts longer than "
+                f"{flag} {self.path}: dropped {len(too_long)} of {len(rows)} prompts longer than "
                 f"--max-prompt-len {max_prompt_len} tokens, e.g. {examples}"
             )
             warnings.warn(message, stacklevel=2)
             logger.warning(message)
         if not rows:
             raise ValueError(
-                f"--prompt-data {self.path}: the file holds no prompts "
+                f"{flag} {self.path}: the file holds no prompts "
                 + ("(it is empty or only blank lines); give a file with one JSON object per line"
                    if self.unit == "line" else "(it has no rows); give a file with one row per prompt")
             )
         if not prompts:
             raise ValueError(
-                f"--prompt-data {self.path}: no usable prompt: all {len(rows)} prompts are longer than "
+                f"{flag} {self.path}: no usable prompt: all {len(rows)} prompts are longer than "
                 f"--max-prompt-len {max_prompt_len} tokens; raise --max-prompt-len"
             )
 
@@ -218,19 +222,19 @@ class PromptDataset:
         if not isinstance(row, Mapping):
             raise _RowError(f"expected a JSON object, got {type(row).__name__}")
         if self.input_key not in row:
-            raise _RowError(f"missing --input-key {self.input_key!r} (keys: {_keys(row)})")
+            raise _RowError(f"missing {self.key_flags}input-key {self.input_key!r} (keys: {_keys(row)})")
         label = None
         if self.label_key is not None:
             if self.label_key not in row:
                 raise _RowError(
-                    f"missing --label-key {self.label_key!r} (keys: {_keys(row)}); pass --label-key '' if the "
+                    f"missing {self.key_flags}label-key {self.label_key!r} (keys: {_keys(row)}); pass {self.key_flags}label-key '' if the "
                     "data has no labels"
                 )
             label = row[self.label_key]
         metadata: Mapping[str, Any] = {}
         if self.metadata_key is not None:
             if self.metadata_key not in row:
-                raise _RowError(f"missing --metadata-key {self.metadata_key!r} (keys: {_keys(row)})")
+                raise _RowError(f"missing {self.key_flags}metadata-key {self.metadata_key!r} (keys: {_keys(row)})")
             metadata = row[self.metadata_key]
             if isinstance(metadata, str):  # metadata stored as a JSON string (common in Parquet files)
                 try:
@@ -239,7 +243,7 @@ class PromptDataset:
                     pass
             if not isinstance(metadata, Mapping):
                 raise _RowError(
-                    f"--metadata-key {self.metadata_key!r} must hold an object, got {type(metadata).__name__}"
+                    f"{self.key_flags}metadata-key {self.metadata_key!r} must hold an object, got {type(metadata).__name__}"
                 )
         text = self._prompt_text(row[self.input_key])
         try:
@@ -260,7 +264,7 @@ class PromptDataset:
             if not self.apply_chat_template:
                 has_template = callable(getattr(self.tokenizer, "apply_chat_template", None))
                 raise _RowError(
-                    f"--input-key {key!r} holds a list of messages; that needs --apply-chat-template"
+                    f"{self.key_flags}input-key {key!r} holds a list of messages; that needs --apply-chat-template"
                     + ("" if has_template else
                        f" and a tokenizer with a chat template (an --hf-checkpoint that has one; the "
                        f"{type(self.tokenizer).__name__} has none), or plain-text prompts")
@@ -268,13 +272,13 @@ class PromptDataset:
             messages = _check_messages(value, key)
             users = [i for i, m in enumerate(messages) if m["role"] == "user"]
             if not users:
-                raise _RowError(f"--input-key {key!r}: the messages have no 'user' message")
+                raise _RowError(f"{self.key_flags}input-key {key!r}: the messages have no 'user' message")
             if self.prompt_suffix:
                 last = users[-1]
                 messages[last] = {**messages[last], "content": messages[last]["content"] + self.prompt_suffix}
         else:
             raise _RowError(
-                f"--input-key {key!r} must be a string or a list of messages, got {type(value).__name__}"
+                f"{self.key_flags}input-key {key!r} must be a string or a list of messages, got {type(value).__name__}"
             )
         if self.system_prompt is not None:
             if any(m["role"] == "system" for m in messages):
@@ -390,6 +394,23 @@ def prompt_dataset_from_config(config, tokenizer: Tokenizer) -> PromptDataset:
         system_prompt=config.system_prompt,
         prompt_suffix=config.prompt_suffix,
         max_prompt_len=config.max_prompt_len,
+    )
+
+
+def eval_dataset_from_config(config, tokenizer: Tokenizer) -> PromptDataset:
+    """``PromptDataset`` of ``--eval-prompt-data``: the keys default to the training ones, the prompt
+    formatting (chat template, system prompt, suffix, length limit) is the training prompts'."""
+    return PromptDataset(
+        config.eval_prompt_data,
+        tokenizer,
+        input_key=config.eval_input_key or config.input_key,
+        label_key=config.eval_label_key if config.eval_label_key is not None else config.label_key,
+        metadata_key=config.eval_metadata_key if config.eval_metadata_key is not None else config.metadata_key,
+        apply_chat_template=config.apply_chat_template,
+        system_prompt=config.system_prompt,
+        prompt_suffix=config.prompt_suffix,
+        max_prompt_len=config.max_prompt_len,
+        flag="--eval-prompt-data",
     )
 
 

@@ -40,3 +40,33 @@ def build_prompt_source(config, tokenizer):
     from relax.rollout.tasks import get_task
 
     return get_task(config.task).make_prompts(config.seed)
+
+
+def evaluation_source(config) -> str | None:
+    """What the run evaluates on: ``"file"`` (``--eval-prompt-data``), ``"held-out"`` (the built-in
+    task's held-out problems, scored by the task's own reward: the default of the embedded default,
+    i.e. no ``--hf-checkpoint``, ``--prompt-data`` or ``--custom-rm-path``), or None (no evaluation;
+    always with ``--no-eval``)."""
+    if not config.evaluate:
+        return None
+    if config.eval_prompt_data:
+        return "file"
+    if config.prompt_data or config.hf_checkpoint or config.custom_rm_path:
+        return None  # a model, prompts or a reward of the user's: only --eval-prompt-data says what to measure
+    from relax.rollout.tasks import get_task
+
+    return "held-out" if get_task(config.task).held_out is not None else None
+
+
+def build_eval_prompts(config, tokenizer) -> list:
+    """The evaluation prompts (``evaluation_source``), in a fixed order; [] without evaluation."""
+    source = evaluation_source(config)
+    if source == "file":
+        from relax.rollout.data import eval_dataset_from_config
+
+        return list(eval_dataset_from_config(config, tokenizer).prompts)
+    if source == "held-out":
+        from relax.rollout.tasks import get_task
+
+        return list(get_task(config.task).held_out())
+    return []

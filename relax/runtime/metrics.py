@@ -51,6 +51,8 @@ def combined_reward_metrics(rewards: torch.Tensor, weights: Sequence[float], key
 # ``MetricsLog`` leaves it out of metrics.jsonl; ``relax.runtime.trackers`` writes it to
 # completions.jsonl and to the trackers.
 COMPLETIONS_KEY = "_completions"
+# The evaluation's sample completions (relax.runtime.evaluation), kept out of metrics.jsonl the same way.
+EVAL_COMPLETIONS_KEY = "_eval_completions"
 
 
 def _jsonable(value):
@@ -109,7 +111,7 @@ class MetricsLog:
             self.path.unlink()
 
     def write(self, row: Mapping) -> None:
-        row = {k: v for k, v in row.items() if k != COMPLETIONS_KEY}
+        row = {k: v for k, v in row.items() if k not in (COMPLETIONS_KEY, EVAL_COMPLETIONS_KEY)}
         self.rows.append(row)
         with self.path.open("a") as f:
             f.write(json.dumps(row) + "\n")

@@ -47,6 +47,9 @@ class Pipeline:
         self.versions: dict[int, tuple] = {start_step: (None, [])}
         self.submitted: dict[int, dict] = {}
         self.last_submitted = start_step
+        # A reference to the newest collected policy's weights, for the evaluation (None: the run's
+        # initial or restored weights, which the rollout engines hold); a skipped step keeps the last.
+        self.latest_weights = None
         self.t_last = time.perf_counter()
         # Dropping a finished step's partition is off the critical path: a driver thread does it
         # while the next steps run (TransferQueue's client is thread-safe: it runs its own loop).
@@ -76,7 +79,8 @@ class Pipeline:
         outs = [a.train_step.options(num_returns=2).remote(step, with_values, with_kl, *rolls) for a in rt.actors]
         critic = [rt.critic.train_step.remote(step, *rolls)] if with_values else []
         train = [o[0] for o in outs] + critic
-        self.submitted[step] = {"rolls": rolls, "prep": prep, "train": train, "version": version}
+        self.submitted[step] = {"rolls": rolls, "prep": prep, "train": train, "version": version,
+                                "weights": outs[0][1]}
         self.versions[step] = (outs[0][1], train)
         self.last_submitted = step
         oldest_needed = max(step - self.k, self.floor)  # no later step samples with an older version
@@ -114,6 +118,8 @@ class Pipeline:
         plan = plan_from_rollouts(rolls, num_minibatches(self.rt.config), len(self.rt.actors))
         if plan.num_groups == 0:
             row["train/skipped"] = 1  # every group was dropped: nothing trained, weights unchanged
+        else:
+            self.latest_weights = refs["weights"]
         step_s = now - self.t_last
         row.update({
             "time/rollout_s": row["time/rollout/total_s"],

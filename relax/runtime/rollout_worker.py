@@ -39,6 +39,7 @@ from relax.rollout import factory as rollout_factory
 from relax.rollout.base import SamplingParams
 from relax.rollout.hooks import FILTER_FLAG, POST_PROCESS_FLAG, call_keep_filter, call_post_process
 from relax.rollout.rewards import load_function, score
+from relax.runtime.evaluation import sample_eval_slice
 from relax.runtime.fields import AttachesDataPlane
 from relax.runtime.metrics import completion_records, response_stats
 from relax.runtime.weights import unpack_weights
@@ -104,6 +105,7 @@ class RolloutCore:
         self.write_policy_version = config.fully_async
         self.data_plane = data_plane
         self._last_end: float | None = None
+        self._eval_prompts: list | None = None  # built on the first evaluation
 
     def _my_prompts(self) -> list:
         per_worker = self.round_prompts // self.num_workers
@@ -250,6 +252,21 @@ class RolloutCore:
                 "time/rollout_idle_s": idle,
             },
         }
+
+    # -- evaluation (relax.runtime.evaluation) --
+    def eval_prompts(self) -> list:
+        """Every evaluation prompt (``--eval-prompt-data`` or the task's held-out problems)."""
+        if self._eval_prompts is None:
+            self._eval_prompts = rollout_factory.build_eval_prompts(self.config, self.tokenizer)
+        return self._eval_prompts
+
+    def evaluate(self, version: int, weights=None) -> dict:
+        """This worker's slice of the evaluation with the weights of policy ``version`` (None: the
+        ones the engine holds). The next rollout loads its own version's weights, and neither the
+        prompt stream nor the training generator is used."""
+        if weights is not None:
+            self.engine.load_weights(unpack_weights(weights))
+        return sample_eval_slice(self, version)
 
     # -- checkpoints --
     def state_dict(self) -> dict:

@@ -38,7 +38,9 @@ def _holds_run(path: Path) -> str | None:
     metrics = path / METRICS_NAME
     if metrics.is_file() and metrics.stat().st_size > 0:
         try:
-            rows = sum(1 for line in metrics.read_text(errors="replace").splitlines() if line.strip())
+            # training steps: not the evaluation before training, logged as step 0 (relax.runtime.evaluation)
+            rows = sum(1 for line in metrics.read_text(errors="replace").splitlines()
+                       if line.strip() and not line.startswith('{"step": 0,'))
         except OSError:
             rows = 0
         parts.append(f"{METRICS_NAME} with {rows} step{'s' if rows != 1 else ''}")

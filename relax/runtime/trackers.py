@@ -14,7 +14,8 @@ logged as the run's hyper-parameters.
   ``WANDB_MODE`` when set; otherwise online only when an API key is configured *and* the server
   answers within a few seconds, else offline (upload later with ``wandb sync <run dir>/wandb/offline-run-*``).
 - ``--log-completions N``: the first N samples of every step (``relax.runtime.metrics.completion_records``)
-  with their ``step``, one JSON object per line in ``completions.jsonl``; TensorBoard shows them as a
+  and of every evaluation (``relax.runtime.evaluation``) with their ``step`` and ``split`` (``train`` or
+  ``eval``), one JSON object per line in ``completions.jsonl``; TensorBoard shows them as a
   markdown table in its text dashboard, W&B as a table named ``completions``.
 
 Both packages are optional (``pip install 'relax-rl[tracking]'``) and imported only when their flag
@@ -36,7 +37,7 @@ from urllib.parse import urlparse
 
 import attrs
 
-from relax.runtime.metrics import COMPLETIONS_KEY
+from relax.runtime.metrics import COMPLETIONS_KEY, EVAL_COMPLETIONS_KEY
 
 EXTRA_HINT = "pip install 'relax-rl[tracking]'"
 WANDB_DEFAULT_HOST = "https://api.wandb.ai"
@@ -77,9 +78,10 @@ class TensorBoardTracker:
             from torch.utils.tensorboard.summary import hparams as hparams_summary
         except ImportError as exc:
             raise RuntimeError(f"--use-tensorboard needs the tensorboard package ({exc}); {EXTRA_HINT}") from exc
-        # Steps start at 1. Purging from the first step this run writes hides, in TensorBoard, the
-        # steps a resumed run redoes, and a run overwritten with --overwrite-output-dir entirely.
-        purge = (resume_after_step or 0) + 1
+        # Training steps start at 1, the evaluation before training is step 0. Purging from the first
+        # step this run writes hides, in TensorBoard, the steps a resumed run redoes, and a run
+        # overwritten with --overwrite-output-dir entirely.
+        purge = resume_after_step + 1 if resume_after_step is not None else 0
         self.writer = SummaryWriter(log_dir=str(out), purge_step=purge, flush_secs=10)
         # The HParams dashboard takes numbers, strings and booleans; anything else as its JSON text.
         values = {
@@ -266,7 +268,9 @@ class Trackers:
 
     def log(self, row: Mapping) -> None:
         step = int(row["step"])
-        samples = [{"step": step, **x} for x in row.get(COMPLETIONS_KEY, ())[: self.log_completions]]
+        # the training samples, then the evaluation's (relax.runtime.evaluation), each marked by its split
+        samples = [{"step": step, "split": "train", **x} for x in row.get(COMPLETIONS_KEY, ())[: self.log_completions]]
+        samples += [{"step": step, "split": "eval", **x} for x in row.get(EVAL_COMPLETIONS_KEY, ())[: self.log_completions]]
         if self.completions is not None and samples:
             self.completions.write(samples)
         scalars = scalars_of(row)

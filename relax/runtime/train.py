@@ -30,6 +30,7 @@ from relax.runtime.checkpoints import (
 from relax.runtime.cluster import Runtime
 from relax.runtime.config import output_dir_of
 from relax.runtime.console import log
+from relax.runtime.evaluation import Evaluation
 from relax.runtime.metrics import MetricsLog, progress_line, summary_table
 from relax.runtime.pipeline import Pipeline
 from relax.runtime.run_dir import lock_run_dir
@@ -48,6 +49,10 @@ class RunSummary:
     total_s: float
     metrics_path: str
     checkpoint: str | None
+    # The first and the last evaluation (relax.runtime.evaluation): their eval/* metrics, or None
+    # without evaluation; e.g. eval_before["eval/correct/mean"] -> eval_after["eval/correct/mean"].
+    eval_before: dict | None = None
+    eval_after: dict | None = None
 
 
 def saves_at(config, step: int) -> bool:
@@ -166,11 +171,20 @@ def run(config) -> RunSummary:
             initial=start_step, total=config.num_rollout, file=sys.stderr, dynamic_ncols=True,
         )
         pipeline = Pipeline(runtime, start_step)
+        evaluation = Evaluation(config, runtime)  # --eval-*: docs/en/evaluation.md
+        if evaluation.before_training(resuming=state is not None):
+            row = {"step": start_step, **evaluation.run(start_step)}  # step 0: the initial policy
+            metrics_log.write(row)
+            trackers.log(row)
+            log(evaluation.line(row), bar)
         for index in bar:
             step = index + 1
             final = step == config.num_rollout
             saving = saves_at(config, step)
             row = pipeline.step(step, submit_through=submit_limit(config, step))
+            if evaluation.due(step):  # version `step`: the weights this step trained
+                row.update(evaluation.run(step, pipeline.latest_weights))
+                log(evaluation.line(row), bar)
             metrics_log.write(row)
             trackers.log(row)
             steps_run += 1
@@ -188,14 +202,20 @@ def run(config) -> RunSummary:
         pipeline.close()
         bar.close()
         t_end = time.perf_counter()
-        table, stats = summary_table(metrics_log.rows, keys, config.reward_key)
+        trained_rows = [r for r in metrics_log.rows if r["step"] > 0]  # not the evaluation before training
+        table, stats = summary_table(trained_rows, keys, config.reward_key)
         log("\n" + table)
         log(f"relax: {steps_run} steps in {t_end - t_ready:.1f}s ({(t_end - t_ready) / max(steps_run, 1):.3f}s/step), "
              f"start-up {t_ready - t_start:.1f}s; metrics: {out / 'metrics.jsonl'}; model: {last_ckpt.parent if last_ckpt else 'not saved'}")
+        eval_line = evaluation.summary_line()  # the held-out score before -> after, last
+        if eval_line:
+            log(eval_line)
+        eval_before, eval_after = evaluation.before_after()
         return RunSummary(
             output_dir=str(out), steps_run=steps_run, last_step=start_step + steps_run, reward_first_last=stats,
             startup_s=t_ready - t_start, train_s=t_end - t_ready, total_s=t_end - t_start,
             metrics_path=str(out / "metrics.jsonl"), checkpoint=str(last_ckpt) if last_ckpt else None,
+            eval_before=eval_before, eval_after=eval_after,
         )
     except KeyboardInterrupt:
         log("relax: interrupted; shutting down the workers", bar)

@@ -24,6 +24,7 @@ from relax.algorithms.flags import flag_name
 from relax.backends.registry import config_errors as backend_config_errors
 from relax.runtime.batch_shape import batch_shape, check_batch
 from relax.runtime.config import RunConfig
+from relax.runtime.eval_rules import check_evaluation
 
 FLOAT32_MAX = float(torch.finfo(torch.float32).max)
 # Example component names shown in messages when the configured keys are too few to serve as one.
@@ -316,6 +317,7 @@ RULES = (
     _check_backend,
     _check_async,
     _check_logging,
+    check_evaluation,  # --eval-* (relax.runtime.eval_rules)
     _check_unused_hyperparameters,
 )
 

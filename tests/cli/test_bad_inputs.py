@@ -522,6 +522,12 @@ def test_worker_failure_is_one_line(monkeypatch, cli, ws):
 RUN_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "RAY_USAGE_STATS_ENABLED": "0", "HF_HUB_OFFLINE": "1"}
 
 
+def _trained_steps(metrics: Path) -> int:
+    """Training steps logged so far (not the evaluation before training, logged as step 0)."""
+    text = metrics.read_text() if metrics.exists() else ""
+    return sum(1 for line in text.splitlines() if line.strip() and not line.startswith('{"step": 0,'))
+
+
 def _relax(*argv, cwd) -> subprocess.Popen:
     script = "import sys; from relax.cli.main import main; sys.exit(main(sys.argv[1:]))"
     return subprocess.Popen([sys.executable, "-c", script, "train", *argv], cwd=cwd, env=RUN_ENV,
@@ -536,7 +542,7 @@ def test_a_running_run_is_locked_and_sigterm_shuts_it_down_like_ctrl_c(cli, tmp_
     metrics = tmp_path / "live" / "metrics.jsonl"
     try:
         deadline = time.monotonic() + 240
-        while not (metrics.exists() and metrics.stat().st_size) and run.poll() is None and time.monotonic() < deadline:
+        while not _trained_steps(metrics) and run.poll() is None and time.monotonic() < deadline:
             time.sleep(0.5)
         assert run.poll() is None, run.communicate()[1]
         # a second run on the same directory is refused, naming the directory and the process
@@ -552,7 +558,7 @@ def test_a_running_run_is_locked_and_sigterm_shuts_it_down_like_ctrl_c(cli, tmp_
     assert "relax train: terminated (SIGTERM)" in stderr and "relax: interrupted; shutting down" in stderr
     assert "Traceback" not in stderr and "Aborted" not in stderr
     # the model of the last trained step was saved before the workers went down, and says where
-    steps = len(metrics.read_text().splitlines())
+    steps = _trained_steps(metrics)
     saved = tmp_path / "live" / "checkpoints" / f"step_{steps:06d}" / "state.pt"
     assert f"relax: saved step {steps} to live{os.sep}checkpoints{os.sep}step_{steps:06d}" in stderr, stderr
     assert torch.load(saved, weights_only=False)["step"] == steps

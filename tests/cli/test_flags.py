@@ -53,8 +53,13 @@ def test_upstream_spellings_and_negated_switches():
     fields = {f.name: f for f in config_fields()}
     renamed = {name for name, f in fields.items() if option_strings(f) != ("--" + name.replace("_", "-"),)}
     assert renamed == {
-        "lam", "reward_keys", "reward_weights", "grpo_std_normalization", "rewards_normalization", "progress"
+        "lam", "reward_keys", "reward_weights", "grpo_std_normalization", "rewards_normalization", "progress",
+        "evaluate", "eval_before_train",
     }
+    assert flag_name(fields["evaluate"]) == "--no-eval"
+    assert flag_name(fields["eval_before_train"]) == "--no-eval-before-train"
+    ns = build_train_parser().parse_args(["--no-eval-before-train"])
+    assert (ns.evaluate, ns.eval_before_train) == (True, False)
     assert option_strings(fields["lam"]) == ("--lambd", "--lam")
     assert option_strings(fields["reward_keys"]) == ("--reward-keys", "--gdpo-reward-keys")
     assert flag_name(fields["rewards_normalization"]) == "--disable-rewards-normalization"

@@ -38,7 +38,7 @@ def test_two_runs_overlaid_into_one_figure(cli, tmp_path):
     assert code == 0, stderr
     assert stdout.strip() == str(out)
     height, width, _ = _png_shape(out)
-    assert width == 1100 and height == 100 * (2.6 * 4 + 0.6)  # four curves, two panels each
+    assert width == 1100 and height == 100 * (2.6 * 3 + 0.6)  # three components (eval next to train), two panels each
 
 
 def test_one_run_defaults_to_its_directory(cli, tmp_path):
@@ -50,9 +50,10 @@ def test_one_run_defaults_to_its_directory(cli, tmp_path):
 def test_curves_steps_and_cumulative_wall_time(tmp_path):
     rows = P.read_rows(_run(tmp_path / "r", [0.1, 0.2, 0.4], extra={2: {"reward/correct/mean": float("nan")}}))
     runs = [("r", rows), ("e", [{"step": 1, "eval/correct/mean": 0.5, "reward/digits/mean": 0.2}])]
-    assert P.curve_names(runs) == [
-        "reward/correct/mean", "reward/format/mean", "reward/digits/mean", "reward/combined/mean", "eval/correct/mean",
-    ]
+    # one panel row per component: eval/correct/mean is drawn next to reward/correct/mean
+    assert P.components(runs) == ["correct", "format", "digits", "combined"]
+    assert P.components([("e", [{"step": 0, "eval/pass/mean": 1.0, "eval/correct/mean": 0.5},
+                                {"step": 1, "reward/correct/mean": 0.2}])]) == ["correct", "pass"]
     # the NaN step is skipped; wall time keeps counting through it
     assert P.series(rows, "reward/correct/mean") == ([1, 3], [0.5, 1.5], [0.1, 0.4])
     assert P.moving_average([1.0, 3.0, 5.0, 7.0], 2) == [1.0, 2.0, 4.0, 6.0]

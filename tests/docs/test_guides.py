@@ -15,6 +15,7 @@ The English and Chinese versions must carry the same code, block for block.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import subprocess
@@ -119,4 +120,5 @@ def test_relax_train_command_trains(tmp_path):
     ray_env = {"RAY_TMPDIR": os.environ.get("RAY_TMPDIR", f"/tmp/r_guide_{os.getpid()}")}
     run(train_command("en", tmp_path, "--no-progress"), tmp_path, timeout=280, extra_env=ray_env)
     metrics = (tmp_path / "outputs" / "my_algo" / "metrics.jsonl").read_text().splitlines()
-    assert len(metrics) == 3
+    # three training steps, after the held-out evaluation of the initial policy (step 0)
+    assert [json.loads(line)["step"] for line in metrics] == [0, 1, 2, 3]

@@ -13,6 +13,12 @@ def metrics_rows(out) -> list[dict]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
+def training_rows(out) -> list[dict]:
+    """The rows of the training steps: every row but the evaluation before training (step 0), which
+    the embedded default logs (relax.runtime.evaluation)."""
+    return [row for row in metrics_rows(out) if row["step"] > 0]
+
+
 def checkpoint_weights(out, step) -> dict:
     return torch.load(checkpoint_path(out, step), weights_only=False)["actor"]["backend"]["model"]
 

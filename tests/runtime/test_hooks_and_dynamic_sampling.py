@@ -229,7 +229,15 @@ def test_reward_side_kl_uses_kl_loss_type(kind):
 
 
 def _rows(out) -> list[dict]:
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    """The training steps' rows (the embedded default also logs its evaluation before training, step 0)."""
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [row for row in rows if row["step"] > 0]
+
+
+def _samples(out) -> list[dict]:
+    """The training samples of completions.jsonl (the evaluation's are marked split "eval")."""
+    lines = (out / "completions.jsonl").read_text().splitlines()
+    return [x for x in map(json.loads, lines) if x["split"] == "train"]
 
 
 @pytest.mark.ray
@@ -251,7 +259,7 @@ def test_relax_train_runs_both_hooks_and_shows_the_reward_key(ray_cluster, tmp_p
     rows = _rows(out)
     assert [r["rollout/groups_kept"] + r["rollout/groups_dropped"] for r in rows] == [4, 4]
     assert all(r["rollout/groups_kept"] <= 2 for r in rows)  # odd groups are filtered out
-    samples = [json.loads(line) for line in (out / "completions.jsonl").read_text().splitlines()]
+    samples = _samples(out)
     assert len(samples) == 32
     trained = 0
     for i, x in enumerate(samples):
@@ -292,7 +300,7 @@ def test_relax_train_refills_with_two_workers_and_fully_async(ray_cluster, tmp_p
     assert all(r.get("train/skipped", 0) == 0 for r in rows)
     # --disable-rewards-normalization: the trained scalar is the raw reward (0, 1, 2, 3 by sample index),
     # not GRPO's group-normalized one
-    samples = [json.loads(line) for line in (out / "completions.jsonl").read_text().splitlines()]
+    samples = _samples(out)
     trained = [x for x in samples if x["normalized_reward"] is not None]
     assert trained and all(x["normalized_reward"] == x["rewards"]["reward"] for x in trained)
     assert sorted({x["normalized_reward"] for x in trained}) == [0.0, 1.0, 2.0, 3.0]

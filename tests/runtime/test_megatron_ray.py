@@ -38,7 +38,9 @@ def _config(out, *flags):
 
 
 def _rows(out) -> list[dict]:
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    """The training steps' rows (step 0 is the embedded default's evaluation before training)."""
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [row for row in rows if row["step"] > 0]
 
 
 def _state(out, step) -> dict:

@@ -14,7 +14,7 @@ import torch
 from memory_plane import MemoryDataPlane
 from run_results import assert_same_weights as _assert_same_weights
 from run_results import checkpoint_weights as _weights
-from run_results import metrics_rows as _rows
+from run_results import training_rows as _rows
 
 from relax.algorithms import AlgorithmConfig
 from relax.runtime.actor_worker import ActorCore

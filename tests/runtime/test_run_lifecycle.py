@@ -216,7 +216,9 @@ def test_a_killed_transferqueue_controller_stops_the_run_with_one_line(tmp_path)
                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     metrics = tmp_path / "run" / "metrics.jsonl"
     try:
-        while not (metrics.exists() and metrics.stat().st_size) and run.poll() is None:
+        # until a training step is logged (step 0, the evaluation before training, comes first)
+        while not (metrics.exists() and any(not line.startswith('{"step": 0,')
+                                            for line in metrics.read_text().splitlines())) and run.poll() is None:
             time.sleep(0.5)
         assert run.poll() is None, run.communicate()[1]
         subprocess.run([sys.executable, "-c", KILL_CONTROLLER], env=env, check=True, timeout=120,

@@ -338,7 +338,7 @@ def test_completions_go_to_the_file_and_both_trackers_and_stay_out_of_the_metric
     trackers.close()
     assert all(COMPLETIONS_KEY not in json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines())
     lines = [json.loads(line) for line in (tmp_path / "completions.jsonl").read_text().splitlines()]
-    assert lines == [{"step": step, **x} for step in (1, 2, 3) for x in _samples(step, 2)]
+    assert lines == [{"step": step, "split": "train", **x} for step in (1, 2, 3) for x in _samples(step, 2)]
     resumed = T.Trackers(attrs.evolve(config, use_tensorboard=False, use_wandb=False), tmp_path, resume_after_step=1)
     resumed.close()
     assert [json.loads(line)["step"] for line in (tmp_path / "completions.jsonl").read_text().splitlines()] == [1, 1]
@@ -350,19 +350,20 @@ def test_completions_go_to_the_file_and_both_trackers_and_stay_out_of_the_metric
         texts = {e.step: e.tensor_proto.string_val[0].decode() for e in acc.Tensors("completions/text_summary")}
         assert sorted(texts) == [1, 2, 3]
         assert texts[2].splitlines() == [
-            "| step | policy_version | prompt | completion | label | reward/a | normalized_reward |",
-            "|---|---|---|---|---|---|---|",
-            "| 2 | 1 | 2+0= | 0\\|x\\n<eos> | 0 | 0 | 0.25 |",
-            "| 2 | 1 | 2+1= | 1\\|x\\n<eos> | 1 | 1 | None |",
+            "| step | split | policy_version | prompt | completion | label | reward/a | normalized_reward |",
+            "|---|---|---|---|---|---|---|---|",
+            "| 2 | train | 1 | 2+0= | 0\\|x\\n<eos> | 0 | 0 | 0.25 |",
+            "| 2 | train | 1 | 2+1= | 1\\|x\\n<eos> | 1 | 1 | None |",
         ]
     if config.use_wandb:
         history, _, _ = read_wandb(tmp_path)
         files = Path(glob.glob(str(tmp_path / "wandb" / "offline-run-*" / "files"))[0])
         assert all(history[step]["completions/nrows"] == 2 for step in (1, 2, 3))
         table = json.loads((files / history[3]["completions/path"]).read_text())
-        assert table["columns"] == ["step", "policy_version", "prompt", "completion", "label", "reward/a",
+        assert table["columns"] == ["step", "split", "policy_version", "prompt", "completion", "label", "reward/a",
                                     "normalized_reward"]
-        assert table["data"] == [[3, 2, "3+0=", "0|x\n<eos>", 0, 0.0, 0.25], [3, 2, "3+1=", "1|x\n<eos>", 1, 1.0, None]]
+        assert table["data"] == [[3, "train", 2, "3+0=", "0|x\n<eos>", 0, 0.0, 0.25],
+                                 [3, "train", 2, "3+1=", "1|x\n<eos>", 1, 1.0, None]]
 
 
 # -- health metrics and the --no-progress line ----------------------------------------------------
@@ -434,12 +435,13 @@ def test_relax_train_logs_to_both_trackers_with_completions_summaries_and_plot(r
     assert main(argv) == 0
     err = capsys.readouterr().err
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]  # step 0: the held-out evaluation before training
+    assert "eval/correct/mean" in rows[0] and "eval/correct/mean" in rows[3] and "eval/pass@1" not in rows[1]
     parser, subparsers = build_parser()
     config, _ = prepare_train_config(argv, parser, subparsers["train"])
     keys, weights = config.algorithm.reward_keys, config.algorithm.reward_weights
     assert len(keys) > 1
-    for row in rows:  # the always-on health metrics
+    for row in rows[1:]:  # the always-on health metrics
         combined = sum(w * row[f"reward/{k}/mean"] for k, w in zip(keys, weights))
         assert row["reward/combined/mean"] == pytest.approx(combined, rel=1e-9)
         assert 1 <= row["rollout/response_len"] <= row["rollout/response_len_max"] <= config.rollout_max_response_len
@@ -450,14 +452,20 @@ def test_relax_train_logs_to_both_trackers_with_completions_summaries_and_plot(r
     summaries = [line for line in err.splitlines() if line.startswith("relax: step ")]
     assert [line.split(" | ")[0] for line in summaries] == ["relax: step 2/3", "relax: step 3/3"]
     assert f"relax: reward curves: {out / 'rewards.png'}" in err
-    # --log-completions 3: three samples per step, from the policy trained up to the previous step
-    samples = [json.loads(line) for line in (out / "completions.jsonl").read_text().splitlines()]
+    # --log-completions 3: three samples per step, from the policy trained up to the previous step,
+    # and three of each evaluation (before training and after the last step), from the policy evaluated
+    everything = [json.loads(line) for line in (out / "completions.jsonl").read_text().splitlines()]
+    samples = [x for x in everything if x["split"] == "train"]
     assert [(x["step"], x["policy_version"]) for x in samples] == [(s, s - 1) for s in (1, 2, 3) for _ in range(3)]
-    for x in samples:
+    evaluated = [x for x in everything if x["split"] == "eval"]
+    assert [(x["step"], x["policy_version"]) for x in evaluated] == [(s, s) for s in (0, 3) for _ in range(3)]
+    for x in everything:
         assert set(x["rewards"]) == set(keys) and x["prompt"] and isinstance(x["completion"], str)
     history, _, _ = read_wandb(out)
-    assert all(history[s]["completions/nrows"] == 3 for s in (1, 2, 3))
+    assert [history[s]["completions/nrows"] for s in (0, 1, 2, 3)] == [3, 3, 3, 6]
     files = Path(glob.glob(str(out / "wandb" / "offline-run-*" / "files"))[0])
     table = json.loads((files / history[3]["completions/path"]).read_text())
-    assert [row[3] for row in table["data"]] == [x["completion"] for x in samples[6:]]
+    assert table["columns"][1] == "split" and table["columns"][4] == "completion"
+    assert [(row[1], row[4]) for row in table["data"]] == [
+        (x["split"], x["completion"]) for x in samples[6:] + evaluated[3:]]
     assert (out / "rewards.png").read_bytes()[:4] == b"\x89PNG"

@@ -30,6 +30,8 @@ class Task:
     make_tokenizer: Callable[[], TinyTokenizer] = TinyTokenizer
     make_engine: Callable[[], object] = _warmup_engine  # the warm-up model in a TinyEngine
     max_new_tokens: int = addition.MAX_NEW_TOKENS
+    # The evaluation set: problems the training stream never draws (None: the task has none).
+    held_out: Callable[[], list] | None = None
 
 
 def _addition_task(name: str, components: tuple[str, ...], description: str) -> Task:
@@ -39,6 +41,7 @@ def _addition_task(name: str, components: tuple[str, ...], description: str) -> 
         reward_keys=components,
         reward_fn=addition.make_reward_fn(components),
         make_prompts=addition.AdditionPrompts,
+        held_out=addition.held_out_problems,
     )
 
 

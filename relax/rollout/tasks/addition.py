@@ -3,6 +3,11 @@
 Prompt ``<bos>a+b=`` with a, b in 0..9 (label ``a + b``); the ideal completion is
 ``<a>`` + the digits of a + b + ``</a><eos>`` (4 or 5 tokens; at most 8 are sampled).
 
+**Held-out split.** 20 of the 100 problems are held out for evaluation (``held_out_problems``): for
+each first operand a, the two second operands b = 3a + 1 and 3a + 6 (mod 10), so every digit appears
+twice as a and twice as b and 9 of the 20 answers have two digits (45 of 100 overall). The training
+stream (``AdditionPrompts``) never draws them: it draws from the other 80 only.
+
 Reward components, each in [0, 1]. The completion is read as tokens (``TinyTokenizer.encode``);
 anything after the first ``<eos>`` is ignored, and ``len`` counts the tokens up to and including that
 ``<eos>`` (or all tokens when there is none):
@@ -60,15 +65,30 @@ def target_text(a: int, b: int) -> str:
 
 
 def all_problems() -> list[Prompt]:
-    """The 100 problems in order (for greedy evaluation)."""
+    """The 100 problems in order (held-out and training problems alike)."""
     return [Prompt(prompt_text(a, b), a + b, {"a": a, "b": b}) for a in range(10) for b in range(10)]
 
 
+# (a, b) of the held-out problems: b = 3a + 1 and 3a + 6 (mod 10) for each a (see the module docstring).
+HELD_OUT: frozenset[tuple[int, int]] = frozenset(
+    (a, (3 * a + shift) % 10) for a in range(10) for shift in (1, 6)
+)
+
+
+def held_out_problems() -> list[Prompt]:
+    """The 20 held-out problems, in (a, b) order: the evaluation set of the built-in addition tasks."""
+    return [
+        Prompt(prompt_text(a, b), a + b, {"a": a, "b": b, "split": "eval", "index": i})
+        for i, (a, b) in enumerate(sorted(HELD_OUT))
+    ]
+
+
 class AdditionPrompts:
-    """A seeded, resumable stream of addition prompts.
+    """A seeded, resumable stream of the training problems (never a ``HELD_OUT`` one).
 
     Prompt number k depends only on ``(seed, k)``, so restoring ``state_dict()`` (the seed and the
-    counter) continues exactly the same stream.
+    counter) continues exactly the same stream. Each prompt draws (a, b) uniformly and draws again
+    while the pair is held out: uniform over the 80 training problems.
     """
 
     def __init__(self, seed: int = 0, *, max_operand: int = 9):
@@ -82,6 +102,8 @@ class AdditionPrompts:
         # str seeds are hashed with SHA-512 by random.Random: stable across processes and runs.
         rng = random.Random(f"relax-addition:{self.seed}:{index}")
         a, b = rng.randint(0, self.max_operand), rng.randint(0, self.max_operand)
+        while (a, b) in HELD_OUT:  # (0, 0) is never held out, so this ends for every max_operand
+            a, b = rng.randint(0, self.max_operand), rng.randint(0, self.max_operand)
         return Prompt(prompt_text(a, b), a + b, {"seed": self.seed, "index": index, "a": a, "b": b})
 
     def next_batch(self, n: int) -> list[Prompt]:

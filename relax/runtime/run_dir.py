@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import shutil
 import socket
@@ -32,15 +33,24 @@ class RunDirError(RuntimeError):
     """The output directory cannot be used by this run; the message says why and what to do."""
 
 
+def _is_training_row(line: str) -> bool:
+    """A line of a training step: not blank, not the evaluation before training (logged as step 0,
+    relax.runtime.evaluation); a line that is not JSON counts (it is still another run's output)."""
+    if not line.strip():
+        return False
+    try:
+        return json.loads(line).get("step") != 0
+    except (ValueError, AttributeError):
+        return True
+
+
 def _holds_run(path: Path) -> str | None:
     """A description of the run ``path`` holds ("metrics.jsonl with 20 steps, 2 checkpoints"), or None."""
     parts = []
     metrics = path / METRICS_NAME
     if metrics.is_file() and metrics.stat().st_size > 0:
         try:
-            # training steps: not the evaluation before training, logged as step 0 (relax.runtime.evaluation)
-            rows = sum(1 for line in metrics.read_text(errors="replace").splitlines()
-                       if line.strip() and not line.startswith('{"step": 0,'))
+            rows = sum(map(_is_training_row, metrics.read_text(errors="replace").splitlines()))
         except OSError:
             rows = 0
         parts.append(f"{METRICS_NAME} with {rows} step{'s' if rows != 1 else ''}")

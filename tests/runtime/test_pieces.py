@@ -277,14 +277,16 @@ def test_a_checkpoint_of_the_other_backend_is_refused_naming_the_flags():
         check_checkpoint(megatron, _state_of("megatron"), "run1", has_critic=True)
 
 
-def test_hf_checkpoint_with_megatron_is_a_configuration_error(monkeypatch):
+def test_hf_checkpoint_with_megatron_is_a_configuration_error(monkeypatch, tmp_path):
     from relax.cli import validation
 
     monkeypatch.setattr(megatron_pkg, "megatron_installed", lambda: True)
     algo = get_algorithm("gdpo")
     base = {"advantage_estimator": "gdpo", "algorithm": AlgorithmConfig(reward_keys=KEYS, n_samples_per_prompt=4)}
-    with pytest.raises(validation.ConfigError, match=r"--hf-checkpoint /m cannot be trained with --backend megatron"):
-        validation.validate(RunConfig(**base, backend="megatron", hf_checkpoint="/m"), algo)
+    (tmp_path / "config.json").write_text('{"model_type": "gpt2"}')  # an architecture it does not convert
+    with pytest.raises(validation.ConfigError, match=r"\(model_type 'gpt2'\) with --backend megatron: the Megatron "
+                       r"backend converts llama, qwen2, qwen3 \(dense\) checkpoints only"):
+        validation.validate(RunConfig(**base, backend="megatron", hf_checkpoint=str(tmp_path)), algo)
     with pytest.raises(validation.ConfigError, match=r"--actor-num-workers 3 must be a multiple of .*"
                        r"--pipeline-model-parallel-size 2 = 2"):
         validation.validate(RunConfig(**base, backend="megatron", actor_num_workers=3, pipeline_model_parallel_size=2), algo)

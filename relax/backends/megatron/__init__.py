@@ -48,8 +48,14 @@ def config_errors(config) -> list[str]:
     from relax.backends import optim
 
     errors = optim.config_errors(config)
-    if config.bf16:
-        errors.append("--bf16 is implemented for --backend torch only; drop it or use --backend torch")
+    if config.bf16 and config.load:
+        # --bf16 trains bfloat16 parameters from float32 master copies, but checkpoints hold the
+        # bfloat16 weights and the resume path restores Adam state by parameter, not by master copy.
+        errors.append(
+            f"--load {config.load} cannot resume a --bf16 run on --backend megatron yet (its checkpoints "
+            "hold the bfloat16 weights, not the float32 master weights): start the run again without --load, "
+            "or train with --backend torch --bf16"
+        )
     if config.lora_rank:
         errors.append("--lora-rank is implemented for --backend torch only; drop it or use --backend torch")
     if not megatron_installed():
@@ -57,13 +63,11 @@ def config_errors(config) -> list[str]:
             "--backend megatron needs megatron-core, which is not installed: pip install 'relax-rl[megatron]' "
             "(or use --backend torch)"
         )
-    if config.hf_checkpoint:
-        errors.append(
-            f"--hf-checkpoint {config.hf_checkpoint} cannot be trained with --backend megatron, which trains "
-            "the built-in model only: use --backend torch, or drop --hf-checkpoint (the Hugging Face to "
-            "Megatron converter is documented in docs/en/real-models.md)"
-        )
     tp, pp = config.tensor_model_parallel_size, config.pipeline_model_parallel_size
+    if config.hf_checkpoint:  # architecture and tp/pp layout, from config.json (no megatron import)
+        from relax.backends.megatron.hf_convert import checkpoint_errors
+
+        errors.extend(checkpoint_errors(config.hf_checkpoint, tp_size=tp, pp_size=pp))
     if config.actor_num_workers % (tp * pp):
         errors.append(
             f"--actor-num-workers {config.actor_num_workers} must be a multiple of "

@@ -13,6 +13,7 @@ loss handed to Megatron is therefore multiplied by ``num_microbatches * dp_size`
 
 from __future__ import annotations
 
+import contextlib
 import math
 import socket
 import warnings
@@ -26,17 +27,9 @@ from relax.backends import optim
 from relax.backends.base import LossFn, TokenBatch, TokenLogProbs, TrainingBackend
 from relax.backends.megatron import _cpu_compat
 from relax.backends.megatron.logprobs import vocab_parallel_entropy, vocab_parallel_log_probs
-from relax.backends.megatron.model import (
-    build_gpt_model,
-    gather_full_state,
-    local_tensors,
-    mask_padded_vocab,
-    megatron_to_tiny,
-    shard_full_state,
-    tiny_to_megatron,
-    transformer_config,
-)
-from relax.models.tiny.model import TinyCausalLM, TinyLMConfig
+from relax.backends.megatron.families import ModelFamily, TinyFamily, family_of
+from relax.backends.megatron.model import local_tensors, mask_padded_vocab
+from relax.models.tiny.model import TinyLMConfig
 
 CHECKPOINT_FORMAT = "relax-megatron-v1"
 
@@ -89,7 +82,11 @@ def init_parallel_state(tp_size: int, pp_size: int, seed: int) -> None:
 class MegatronBackend(TrainingBackend):
     """``TrainingBackend`` on megatron-core: GPTModel + Megatron DDP + Megatron (Adam) optimizer.
 
-    ``initial_weights`` are in ``TinyCausalLM`` naming; without them the model starts from
+    ``model_config`` is a model family adapter (``relax.backends.megatron.families``: the built-in
+    ``TinyCausalLM`` or a Hugging Face Llama / Qwen2 / Qwen3), or a ``TinyLMConfig`` for the built-in
+    model. Weights at the backend's edges (``initial_weights``, ``export_weights``, ``load_weights``,
+    ``state_dict``) are in that family's naming: ``TinyCausalLM`` names, or the HF module's
+    ``state_dict`` names. Without ``initial_weights`` the built-in model starts from
     ``TinyCausalLM(model_config)`` built after ``torch.manual_seed(seed)`` (the torch backend's init).
     """
 
@@ -98,20 +95,24 @@ class MegatronBackend(TrainingBackend):
 
     @classmethod
     def for_policy(cls, config, model, *, process_group=None) -> "MegatronBackend":
-        """One actor rank, initialized from ``model`` (the built-in ``TinyCausalLM`` the torch backend
-        would train) with the run's optimizer settings.
+        """One actor rank, initialized from ``model`` (the built-in ``TinyCausalLM``, or the Hugging Face
+        ``*ForCausalLM`` of ``--hf-checkpoint``, as the torch backend would train it) with the run's
+        optimizer settings.
 
         Megatron builds its own data/tensor/pipeline groups on top of ``torch.distributed`` (started
         over all ``actor_num_workers`` ranks; a single rank starts a one-process group itself). Every
         rank must then call the backend's methods together; tensor/pipeline peers hold the same data
         shard (``dp_rank``) and only the first of them writes shared fields.
+
+        The backend takes ``model`` over: once its weights are converted into this rank's shard, the
+        module's own tensors are released (moved to the meta device), so that a rank does not keep a
+        whole copy of the model beside its shard for the rest of the run.
         """
-        if not isinstance(model, TinyCausalLM):
-            raise ValueError("--backend megatron trains the built-in TinyCausalLM only; use --backend torch")
+        family = family_of(model)  # raises, naming the fix, for a model it cannot convert
         with warnings.catch_warnings():  # megatron-core's notes on optional fused kernels, once per rank
             warnings.filterwarnings("ignore", message="Apex is not installed")
-            return cls(
-                model.config,
+            backend = cls(
+                family,
                 initial_weights=model.state_dict(),
                 lr=config.lr,
                 schedule=optim.lr_schedule(config),
@@ -125,7 +126,10 @@ class MegatronBackend(TrainingBackend):
                 micro_batch_size=config.micro_batch_size,
                 temperature=config.rollout_temperature,
                 recompute_activations=config.recompute_activations,
+                bf16=config.bf16,
             )
+        model.to("meta")
+        return backend
 
     @classmethod
     def process_group_kind(cls, model) -> str:
@@ -137,7 +141,7 @@ class MegatronBackend(TrainingBackend):
 
     def __init__(
         self,
-        model_config: TinyLMConfig,
+        model_config: TinyLMConfig | ModelFamily,
         *,
         initial_weights: Mapping[str, torch.Tensor] | None = None,
         lr: float = 3e-4,
@@ -153,6 +157,7 @@ class MegatronBackend(TrainingBackend):
         temperature: float = 1.0,
         dp_grad_reduction: str = "sum",
         recompute_activations: bool = False,
+        bf16: bool = False,
     ):
         if dp_grad_reduction not in ("sum", "mean"):
             raise ValueError(f"dp_grad_reduction must be 'sum' or 'mean', got {dp_grad_reduction!r}")
@@ -171,7 +176,8 @@ class MegatronBackend(TrainingBackend):
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
         from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
-        self.model_config = model_config
+        self.family = model_config if isinstance(model_config, ModelFamily) else TinyFamily(model_config)
+        self.model_config = self.family.config  # has vocab_size, whatever the family
         self.micro_batch_size = micro_batch_size
         self.temperature = temperature
         self.dp_grad_reduction = dp_grad_reduction
@@ -189,21 +195,31 @@ class MegatronBackend(TrainingBackend):
         self.last_stage_rank = ps.get_pipeline_model_parallel_last_rank()
 
         if initial_weights is None:
-            torch.manual_seed(seed)
-            initial_weights = TinyCausalLM(model_config).state_dict()
+            initial_weights = self.family.default_weights(seed)
 
         with _cpu_compat.cpu_device_scope():
             # --recompute-activations: every transformer layer keeps only its input and is recomputed
             # in the backward pass (megatron-core's "full" granularity, one layer per checkpoint)
             recompute = dict(recompute_granularity="full", recompute_method="uniform",
                              recompute_num_layers=1) if recompute_activations else {}
-            self.config = transformer_config(model_config, tp_size=self.tp_size, pp_size=self.pp_size, **recompute)
+            # --bf16: megatron-core's mixed precision. Parameters, activations and pipeline messages
+            # are bfloat16; DDP reduces gradients in float32 (grad_reduce_in_fp32) and the optimizer
+            # (Float16OptimizerWithFloat16Params) steps float32 master copies with float32 Adam state,
+            # then copies them back to the bfloat16 parameters.
+            precision = dict(bf16=True, params_dtype=torch.bfloat16,
+                             pipeline_dtype=torch.bfloat16) if bf16 else {}
+            self.config = self.family.transformer_config(tp_size=self.tp_size, pp_size=self.pp_size,
+                                                         **recompute, **precision)
             torch.manual_seed(seed)
-            module = build_gpt_model(
-                model_config, self.config, pre_process=self.is_first_stage, post_process=self.is_last_stage
-            )
+            module = self.family.build(self.config, pre_process=self.is_first_stage, post_process=self.is_last_stage)
             self.layer_offset = get_transformer_layer_offset(self.config)
-            self._load_tiny_weights(module, initial_weights)
+            self._load_weights_into(module, initial_weights)
+            if bf16:
+                # What megatron-core's Float16Module wrapper does to the module (norm layers are built
+                # in float32); the wrapper's other job, casting float inputs and outputs, is moot here
+                # (token ids and masks go in, and the log-probs are taken in float32), and leaving it
+                # out keeps the parameter names the same as in float32.
+                module.bfloat16()
             ddp_config = DistributedDataParallelConfig(
                 grad_reduce_in_fp32=True,
                 overlap_grad_reduce=False,
@@ -220,11 +236,17 @@ class MegatronBackend(TrainingBackend):
                 adam_eps=adam_eps,
                 clip_grad=clip_grad,
                 fp16=False,
-                bf16=False,
-                params_dtype=torch.float32,
+                bf16=bf16,
+                params_dtype=torch.bfloat16 if bf16 else torch.float32,
                 use_distributed_optimizer=False,
             )
             self.optimizer = get_megatron_optimizer(opt_config, [self.model])
+        _cpu_compat.exempt_inner_optimizers(self.optimizer)  # CPU only: see _cpu_compat
+        self.bf16 = bf16
+        if bf16:
+            # The optimizer copied its float32 masters from the bfloat16 parameters, i.e. rounded;
+            # start them from the exact initial weights instead (the parameters stay their rounding).
+            self._shard_into(self._master_params(), initial_weights)
         # Megatron marks biases and 1-D parameters with wd_mult 0 (optim.decays is the same rule),
         # but only its LR scheduler, which relax does not use, applies the multiplier: do it here.
         for group in self.optimizer.param_groups:
@@ -236,23 +258,25 @@ class MegatronBackend(TrainingBackend):
 
     # -- weights -----------------------------------------------------------------------------
 
-    def _load_tiny_weights(self, module, weights: Mapping[str, torch.Tensor]) -> None:
-        full = tiny_to_megatron(weights, self.model_config, tp_size=self.tp_size)
-        shard_full_state(
-            full, local_tensors(module), tp_rank=self.tp_rank, tp_size=self.tp_size, layer_offset=self.layer_offset
-        )
+    def _load_weights_into(self, module, weights: Mapping[str, torch.Tensor]) -> None:
+        self._shard_into(local_tensors(module), weights)
+
+    def _shard_into(self, targets: Mapping[str, torch.Tensor], weights: Mapping[str, torch.Tensor]) -> None:
+        """This rank's shard of the whole ``weights`` (family naming) into ``targets`` (local Megatron names)."""
+        self.family.load_into(targets, weights, tp_rank=self.tp_rank, tp_size=self.tp_size, layer_offset=self.layer_offset)
 
     def _gather(self, local: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        full = gather_full_state(local, tp_group=self.tp_group, pp_group=self.pp_group, layer_offset=self.layer_offset)
-        return megatron_to_tiny(full, self.model_config)
+        return self.family.gather(local, tp_group=self.tp_group, pp_group=self.pp_group, layer_offset=self.layer_offset)
 
     def export_weights(self) -> dict[str, torch.Tensor]:
-        """Whole weights in ``TinyCausalLM`` naming (a collective: every rank must call it)."""
+        """Whole weights in the family's naming (``TinyCausalLM`` names, or the HF module's
+        ``state_dict`` names, which the HF rollout engine and the HF export load). A collective: every
+        rank must call it."""
         return self._gather(local_tensors(self.model.module))
 
     def load_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
-        """Replace the model weights (``TinyCausalLM`` naming); optimizer state is kept."""
-        self._load_tiny_weights(self.model.module, weights)
+        """Replace the model weights (the family's naming); optimizer state is kept."""
+        self._load_weights_into(self.model.module, weights)
 
     # -- batches -----------------------------------------------------------------------------
 
@@ -290,6 +314,16 @@ class MegatronBackend(TrainingBackend):
         return [slice(i, min(i + size, n)) for i in range(0, n, size)]
 
     def _run_schedule(self, batch: TokenBatch, rows: list[slice], loss_func, forward_only: bool) -> list:
+        """Forward (and backward) over the micro-batches ``rows``; the loss functions' second outputs.
+
+        Without pipeline parallelism (and the features of :meth:`_unpipelined_applies`) this is
+        :meth:`_run_unpipelined`, the same arithmetic as megatron-core's
+        ``forward_backward_no_pipelining`` without its per-call bookkeeping. Otherwise it is
+        megatron-core's schedule (1F1B with pipeline stages), which also needs the CPU device scope
+        (its token counter is a literal CUDA tensor).
+        """
+        if self._unpipelined_applies():
+            return self._run_unpipelined(batch, rows, loss_func, forward_only)
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         def forward_step(data_iterator, model):
@@ -299,15 +333,64 @@ class MegatronBackend(TrainingBackend):
             output = model(ids, pos, mask)
             return output, partial(loss_func, mb, part)
 
-        return get_forward_backward_func()(
-            forward_step_func=forward_step,
-            data_iterator=iter(rows),
-            model=[self.model],
-            num_microbatches=len(rows),
-            seq_length=batch.input_ids.shape[1],
-            micro_batch_size=rows[0].stop - rows[0].start,
-            forward_only=forward_only,
+        with _cpu_compat.cpu_device_scope():
+            return get_forward_backward_func()(
+                forward_step_func=forward_step,
+                data_iterator=iter(rows),
+                model=[self.model],
+                num_microbatches=len(rows),
+                seq_length=batch.input_ids.shape[1],
+                micro_batch_size=rows[0].stop - rows[0].start,
+                forward_only=forward_only,
+            )
+
+    def _unpipelined_applies(self) -> bool:
+        """Is :meth:`_run_unpipelined` the same computation as Megatron's schedule for this config?
+        Anything the inline loop does not reproduce (autocast, loss scaling, per-token loss, MoE or
+        MTP loss scaling, FP8, context parallelism, CUDA graphs, activation offloading) keeps the
+        schedule."""
+        c = self.config
+        return (
+            self.pp_size == 1
+            and not c.enable_autocast
+            and c.grad_scale_func is None
+            and not c.calculate_per_token_loss
+            and c.num_moe_experts is None
+            and c.mtp_num_layers is None
+            and c.fp8 is None
+            and c.context_parallel_size == 1
+            and c.cuda_graph_impl == "none"
+            and not c.overlap_moe_expert_parallel_comm
+            and not c.hybrid_context_parallel
+            and not c.fine_grained_activation_offloading
         )
+
+    def _run_unpipelined(self, batch: TokenBatch, rows: list[slice], loss_func, forward_only: bool) -> list:
+        """megatron-core 0.16's ``forward_backward_no_pipelining`` for relax's configuration (one
+        model chunk, no context parallelism, MoE, MTP, CUDA graphs or timers), op for op, so results
+        are bit-identical to it: each micro-batch loss is divided by the number of micro-batches
+        before its backward pass, all but the last backward run under DDP's ``no_sync``, then
+        ``finalize_model_grads`` reduces over DP. What it leaves out is per-call overhead: the
+        process-group lookups, a CUDA token counter, and above all the CPU device scope around the
+        model, whose ``TorchFunctionMode`` puts a Python call in front of every tensor operation of
+        the forward and backward passes (the model needs no device rewrite: its device lookups go
+        through the process-wide ``torch.cuda.current_device`` patch, see ``_cpu_compat``). Measured
+        with ``benchmarks/megatron_vs_torch.py``: log-probs went from 1.33x to 1.22x the torch
+        backend's time. With pipeline stages the schedule is needed and used as is."""
+        store, n = [], len(rows)
+        for i, part in enumerate(rows):
+            last = i == n - 1
+            with contextlib.nullcontext() if forward_only or last else self.model.no_sync():
+                mb = batch.select(part)
+                output = self.model(*self._model_inputs(mb))
+                loss, reduced = loss_func(mb, part, output)
+                store.append(reduced)
+                if not forward_only:
+                    torch.autograd.backward(loss / n)
+        if not forward_only:
+            with _cpu_compat.cpu_device_scope():
+                self.config.finalize_model_grads_func([self.model])
+        return store
 
     def _from_last_stage(self, obj):
         """Pipeline: outputs exist on the last stage only; hand them to every stage."""
@@ -329,7 +412,7 @@ class MegatronBackend(TrainingBackend):
             return logits.new_zeros(()), {"log_probs": out.log_probs, "entropy": out.entropy}
 
         self.model.eval()
-        with torch.no_grad(), _cpu_compat.cpu_device_scope():
+        with torch.no_grad():
             store = self._run_schedule(batch, rows, collect, forward_only=True)
         self.model.train()
         result = None
@@ -375,10 +458,9 @@ class MegatronBackend(TrainingBackend):
             return out.loss * scale, {"__loss": out.loss.detach().float(), **metrics}
 
         self.model.train()
-        with _cpu_compat.cpu_device_scope():
-            self.model.zero_grad_buffer()
-            self.optimizer.zero_grad()
-            store = self._run_schedule(batch, rows, loss_func, forward_only=False)
+        self.model.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        store = self._run_schedule(batch, rows, loss_func, forward_only=False)
         metrics = None
         if self.is_last_stage:
             metrics = {k: float(sum(float(s[k]) for s in store)) for k in store[0] if k != "__loss"}
@@ -397,14 +479,13 @@ class MegatronBackend(TrainingBackend):
         if self.pp_size > 1:
             raise NotImplementedError("logits() needs --pipeline-model-parallel-size 1")
         self.model.eval()
-        with _cpu_compat.cpu_device_scope():
-            shard = self.model(*self._model_inputs(batch))
+        shard = self.model(*self._model_inputs(batch))
         self.model.train()
         if self.tp_size > 1:
             parts = [torch.empty_like(shard) for _ in range(self.tp_size)]
             dist.all_gather(parts, shard.contiguous(), group=self.tp_group)
             shard = torch.cat(parts, dim=-1)
-        return shard[..., : self.model_config.vocab_size]
+        return shard[..., : self.model_config.vocab_size].float()  # bfloat16 with --bf16
 
     # -- checkpoints -------------------------------------------------------------------------
 
@@ -412,19 +493,26 @@ class MegatronBackend(TrainingBackend):
         inner = getattr(self.optimizer, "chained_optimizers", [self.optimizer])
         return [o.optimizer for o in inner]
 
+    def _master_params(self) -> dict[str, torch.Tensor]:
+        """The tensors the optimizer steps, by local Megatron name: the parameters themselves in
+        float32, their float32 master copies (``param.main_param``, set by Megatron's mixed-precision
+        optimizer) with ``--bf16``."""
+        return {name: getattr(p, "main_param", p) for name, p in self.model.module.named_parameters()}
+
     def _adam_state(self, key: str) -> dict[str, torch.Tensor]:
-        """One Adam state tensor per parameter, by local Megatron name (zeros before the first step)."""
+        """One Adam state tensor per parameter, by local Megatron name (zeros before the first step);
+        float32 also with ``--bf16``, where Adam's state belongs to the master copies."""
         states = {}
         for opt in self._torch_optimizers():
             states.update({id(p): s for p, s in opt.state.items()})
         out = {}
-        for name, param in self.model.module.named_parameters():
+        for name, param in self._master_params().items():
             state = states.get(id(param), {})
             out[name] = state[key] if key in state else torch.zeros_like(param)
         return out
 
     def state_dict(self) -> dict:
-        """Model weights and Adam moments in ``TinyCausalLM`` naming, independent of tp/pp/dp layout.
+        """Model weights and Adam moments in the family's naming, independent of tp/pp/dp layout.
 
         A collective over the model-parallel group: every rank must call it.
         """
@@ -433,7 +521,7 @@ class MegatronBackend(TrainingBackend):
         ]
         return {
             "format": CHECKPOINT_FORMAT,
-            "model_config": self.model_config.to_dict(),
+            "model_config": self.family.describe(),
             "model": self.export_weights(),
             "exp_avg": self._gather(self._adam_state("exp_avg")),
             "exp_avg_sq": self._gather(self._adam_state("exp_avg_sq")),
@@ -447,14 +535,13 @@ class MegatronBackend(TrainingBackend):
                 f"not a Megatron-backend checkpoint (format {state.get('format')!r}, expected "
                 f"{CHECKPOINT_FORMAT!r}); load it with the backend that wrote it"
             )
-        if state["model_config"] != self.model_config.to_dict():
-            raise ValueError(f"checkpoint model {state['model_config']} != this model {self.model_config.to_dict()}")
+        if state["model_config"] != self.family.describe():
+            raise ValueError(f"checkpoint model {state['model_config']} != this model {self.family.describe()}")
         self.load_weights(state["model"])
         params = dict(self.model.module.named_parameters())
         for key in ("exp_avg", "exp_avg_sq"):
-            full = tiny_to_megatron(state[key], self.model_config, tp_size=self.tp_size)
             targets = {name: torch.zeros_like(p) for name, p in params.items()}
-            shard_full_state(full, targets, tp_rank=self.tp_rank, tp_size=self.tp_size, layer_offset=self.layer_offset)
+            self._shard_into(targets, state[key])
             for opt in self._torch_optimizers():
                 for group in opt.param_groups:
                     for p in group["params"]:

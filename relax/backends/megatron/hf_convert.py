@@ -3,9 +3,13 @@
 The Megatron path for an HF checkpoint: ``hf_transformer_config(hf_config)`` and
 ``build_hf_gpt_model(hf_config, config)`` build the matching GPTModel (local spec, RMSNorm, SwiGLU,
 RoPE, grouped-query attention, Qwen2's qkv bias, Qwen3's q/k RMSNorm), then
-``hf_to_megatron(hf_state, hf_config)`` gives its weights as whole tensors and
-``shard_for_tp(...)`` this rank's tensor-parallel slice. ``megatron_to_hf`` reverses it, so a trained
-Megatron model is saved with ``save_pretrained`` like any other (see ``docs/en/real-models.md``).
+``hf_to_megatron(hf_state, hf_config)`` gives its weights as whole tensors and ``tp_slice(...)``
+this rank's tensor-parallel slice (``load_hf_state_into`` does both for one rank's module).
+``megatron_to_hf`` reverses it (``gather_hf_state`` over the ranks), so a trained Megatron model is
+saved with ``save_pretrained`` like any other. ``MegatronBackend`` uses it through
+``relax.backends.megatron.families.HFFamily`` for ``--backend megatron --hf-checkpoint``, and
+``checkpoint_errors`` refuses an unsupported checkpoint or layout before Ray starts
+(see ``docs/en/real-models.md``).
 
 Name and layout mapping (layer i; H query heads, G key/value groups, d head dim, F ffn size):
 
@@ -41,7 +45,8 @@ import torch.nn.functional as F
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 
 
-def _hf_dims(hf_config) -> dict:
+def model_dims(hf_config) -> dict:
+    """The shapes and options of a supported HF config; ``ValueError`` naming the fix otherwise."""
     model_type = getattr(hf_config, "model_type", None)
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise ValueError(
@@ -96,19 +101,66 @@ def padded_vocab_size(vocab_size: int, tp_size: int) -> int:
     return -(-vocab_size // tp_size) * tp_size
 
 
+def layout_errors(dims: dict, *, tp_size: int, pp_size: int) -> list[str]:
+    """Why this model cannot be split ``tp_size`` x ``pp_size`` ways (empty: it can). Query groups stay
+    whole on a tensor-parallel rank, so tp must divide num_key_value_heads (and so the heads);
+    pipeline stages hold equal numbers of layers."""
+    errors = []
+    if dims["groups"] % tp_size:
+        errors.append(
+            f"--tensor-model-parallel-size {tp_size} must divide the model's num_key_value_heads "
+            f"{dims['groups']} (num_attention_heads {dims['heads']}): use a divisor of {dims['groups']}"
+        )
+    if dims["layers"] % pp_size:
+        errors.append(
+            f"--pipeline-model-parallel-size {pp_size} must divide the model's {dims['layers']} layers "
+            "(num_hidden_layers)"
+        )
+    return errors
+
+
+def checkpoint_errors(path, *, tp_size: int, pp_size: int) -> list[str]:
+    """What keeps the checkpoint at ``path`` from training on ``--backend megatron`` with this layout,
+    from its ``config.json`` alone (no weights, no megatron-core), so that ``relax train`` refuses it
+    before Ray starts. A directory that is not a checkpoint gives nothing here: the ``--hf-checkpoint``
+    check reports it."""
+    import json
+    from pathlib import Path
+
+    config_file = Path(path) / "config.json"
+    try:
+        model_type = json.loads(config_file.read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return []
+    where = f"--hf-checkpoint {path} (model_type {model_type!r}) with --backend megatron"
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        return [
+            f"{where}: the Megatron backend converts {', '.join(SUPPORTED_MODEL_TYPES)} (dense) checkpoints "
+            "only; use --backend torch for this model"
+        ]
+    try:
+        from transformers import AutoConfig
+
+        hf_config = AutoConfig.from_pretrained(str(path), local_files_only=True)
+    except Exception:  # noqa: BLE001 - an unloadable config is reported by the --hf-checkpoint check
+        return []
+    try:
+        dims = model_dims(hf_config)
+    except ValueError as exc:
+        return [f"{where}: {exc}"]
+    return [f"{where}: {e}" for e in layout_errors(dims, tp_size=tp_size, pp_size=pp_size)]
+
+
 def hf_transformer_config(
     hf_config, *, tp_size: int = 1, pp_size: int = 1, params_dtype=torch.float32, **overrides
 ):
     """The Megatron ``TransformerConfig`` that computes what the HF model computes (dropout 0, no fusions)."""
     from megatron.core.transformer import TransformerConfig
 
-    dims = _hf_dims(hf_config)
-    if dims["groups"] % tp_size:
-        raise ValueError(
-            f"--tensor-model-parallel-size {tp_size} must divide num_key_value_heads {dims['groups']}"
-        )
-    if dims["layers"] % pp_size:
-        raise ValueError(f"--pipeline-model-parallel-size {pp_size} must divide {dims['layers']} layers")
+    dims = model_dims(hf_config)
+    errors = layout_errors(dims, tp_size=tp_size, pp_size=pp_size)
+    if errors:
+        raise ValueError("; ".join(errors))
     kwargs = {
         "num_layers": dims["layers"],
         "hidden_size": dims["hidden"],
@@ -147,11 +199,11 @@ def hf_transformer_config(
 def build_hf_gpt_model(hf_config, config, *, pre_process: bool = True, post_process: bool = True):
     """A ``GPTModel`` (local spec) for this rank, shaped like the HF model of ``hf_config``."""
     from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from relax.backends.megatron.attention import local_layer_spec
 
-    dims = _hf_dims(hf_config)
-    spec = get_gpt_layer_local_spec(qk_layernorm=dims["qk_norm"], normalization="RMSNorm")
-    return GPTModel(
+    dims = model_dims(hf_config)
+    spec = local_layer_spec(qk_layernorm=dims["qk_norm"], normalization="RMSNorm")
+    model = GPTModel(
         config,
         spec,
         vocab_size=padded_vocab_size(dims["vocab"], config.tensor_model_parallel_size),
@@ -164,6 +216,24 @@ def build_hf_gpt_model(hf_config, config, *, pre_process: bool = True, post_proc
         rotary_percent=1.0,
         rotary_base=rope_theta(hf_config),
     )
+    mark_tensor_parallel(model)
+    return model
+
+
+def mark_tensor_parallel(model) -> None:
+    """Mark the tp-sharded weights as megatron-core's initialization would.
+
+    ``perform_initialization=False`` (every weight comes from the checkpoint) also skips the call that
+    sets ``tensor_model_parallel`` / ``partition_dim`` on the sharded weights. Megatron's gradient norm
+    counts an unmarked weight as a replica, on tensor-parallel rank 0 only: without the marks,
+    clipping at tp > 1 would see a part of the gradient (measured: norm 2.83 instead of 4.20).
+    """
+    for name, param in model.named_parameters():
+        dim = next((d for suffix, d in _SHARD_DIM.items() if name.endswith(suffix)), None)
+        if dim is not None and not getattr(param, "tensor_model_parallel", False):
+            param.tensor_model_parallel = True
+            param.partition_dim = dim
+            param.partition_stride = 1
 
 
 # ------------------------------------------------------------------------------------------------
@@ -207,7 +277,7 @@ def _layer_pairs(dims: dict) -> list[tuple[str, str]]:
 
 
 def expected_hf_names(hf_config) -> list[str]:
-    dims = _hf_dims(hf_config)
+    dims = model_dims(hf_config)
     names = ["model.embed_tokens.weight", "model.norm.weight"]
     if not dims["tied"]:
         names.append("lm_head.weight")
@@ -226,7 +296,7 @@ def hf_to_megatron(
 ) -> dict[str, torch.Tensor]:
     """HF ``state_dict`` -> whole Megatron tensors. Unknown or missing names raise ``KeyError``
     (a tied ``lm_head.weight`` copy in ``state`` is accepted and ignored)."""
-    dims = _hf_dims(hf_config)
+    dims = model_dims(hf_config)
     expected = expected_hf_names(hf_config)
     ignorable = {"lm_head.weight"} if dims["tied"] else set()
     missing = [k for k in expected if k not in state]
@@ -266,7 +336,7 @@ def hf_to_megatron(
 def megatron_to_hf(state: Mapping[str, torch.Tensor], hf_config) -> dict[str, torch.Tensor]:
     """Whole Megatron tensors -> HF ``state_dict`` names (``lm_head.weight`` included even when tied,
     as ``model.state_dict()`` lists it)."""
-    dims = _hf_dims(hf_config)
+    dims = model_dims(hf_config)
     v = dims["vocab"]
     embed = state["embedding.word_embeddings.weight"][:v]
     out = {"model.embed_tokens.weight": embed, "model.norm.weight": state["decoder.final_layernorm.weight"]}
@@ -363,6 +433,7 @@ def load_hf_state_into(
     A pipeline last stage with tied embeddings holds ``output_layer.weight`` as its copy of the
     embedding: it gets the embedding's rows."""
     full = hf_to_megatron(hf_state, hf_config, tp_size=tp_size)
+    tied = model_dims(hf_config)["tied"]
     used: set[str] = set()
     with torch.no_grad():
         for name, target in targets.items():
@@ -389,17 +460,17 @@ def load_hf_state_into(
         k
         for k in full
         if k not in used
-        and (k.split(".")[2] in local_layers if k.startswith("decoder.layers.") else _stage_holds(k, targets))
+        and (k.split(".")[2] in local_layers if k.startswith("decoder.layers.") else _stage_holds(k, targets, tied=tied))
     ]
     if unused:
         raise KeyError(f"converted HF tensors without a Megatron parameter on this rank: {unused[:5]}")
 
 
-def _stage_holds(name: str, targets: Mapping[str, torch.Tensor]) -> bool:
-    """Does this pipeline stage hold the non-layer tensor ``name`` (embedding: first stage; final
-    norm and output layer: last stage)?"""
+def _stage_holds(name: str, targets: Mapping[str, torch.Tensor], *, tied: bool) -> bool:
+    """Does this pipeline stage hold the non-layer tensor ``name`` (embedding: first stage, and the
+    last stage's output layer when it is tied to it; final norm and output layer: last stage)?"""
     return name in targets or (
-        name == "embedding.word_embeddings.weight" and "output_layer.weight" in targets
+        tied and name == "embedding.word_embeddings.weight" and "output_layer.weight" in targets
     )
 
 
@@ -411,7 +482,7 @@ def gather_hf_state(
     import torch.distributed as dist
 
     tp_size = dist.get_world_size(tp_group) if tp_group is not None else 1
-    tied = _hf_dims(hf_config)["tied"]
+    tied = model_dims(hf_config)["tied"]
     mine: dict[str, torch.Tensor] = {}
     for name, tensor in local.items():
         if name.endswith("_extra_state") or (tied and name == "output_layer.weight"):

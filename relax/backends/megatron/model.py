@@ -3,7 +3,7 @@
 Architecture mapping (``relax/rollout/tiny/model.py`` is the reference; megatron-core 0.16 local spec):
 
 =============================  ==================================================================
-TinyCausalLM                   Megatron GPTModel (``get_gpt_layer_local_spec``)
+TinyCausalLM                   Megatron GPTModel (local spec, ``attention.local_layer_spec``)
 =============================  ==================================================================
 ``tok_emb.weight`` [V, d]      ``embedding.word_embeddings.weight`` [V'/tp, d] (vocab-sharded; V'
                                is V padded to a multiple of tp, see ``padded_vocab_size``)
@@ -23,9 +23,10 @@ logits ``ln_f(x) @ tok_emb.T``  tied output layer (``share_embeddings_and_output
 
 Numerics that match by construction: exact-erf ``F.gelu`` (``bias_activation_fusion`` off), softmax
 scale ``1/sqrt(d/H)`` (``apply_query_key_layer_scaling`` off), fp32 softmax, dropout 0, no bias on the
-output layer. One difference is neutralized by the caller: Megatron fills masked attention scores
-with -10000 instead of dropping them; exp(-10000 - max) is exactly 0 in float32 for every row with a
-visible key, and ``TinyCausalLM`` lets every query see itself, so all rows have one. The padded vocab
+output layer. The core attention is ``scaled_dot_product_attention`` with the same boolean mask as
+``TinyCausalLM`` (``relax.backends.megatron.attention``; megatron-core's own, which fills masked
+scores with -10000, remains the fallback for what that does not cover; ``TinyCausalLM`` lets every
+query see itself, so no row is fully masked either way). The padded vocab
 rows (tp > 1 and V not divisible by tp) are masked out of the logits by ``mask_padded_vocab``.
 """
 
@@ -122,11 +123,11 @@ def transformer_config(cfg: TinyLMConfig, *, tp_size: int = 1, pp_size: int = 1,
 def build_gpt_model(cfg: TinyLMConfig, config, *, pre_process: bool = True, post_process: bool = True):
     """A ``GPTModel`` (local spec, learned absolute positions, tied embeddings) for this rank."""
     from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from relax.backends.megatron.attention import local_layer_spec
 
     return GPTModel(
         config,
-        get_gpt_layer_local_spec(),
+        local_layer_spec(),
         vocab_size=padded_vocab_size(cfg.vocab_size, config.tensor_model_parallel_size),
         max_sequence_length=cfg.max_seq_len,
         pre_process=pre_process,

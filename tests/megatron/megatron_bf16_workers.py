@@ -1,0 +1,112 @@
+"""Rank function for ``test_megatron_bf16.py`` (module level, so spawn can pickle it): ``--bf16`` on the
+Megatron backend against the float32 Megatron backend and the torch backend's ``--bf16``.
+
+One spawned process runs every configuration (each spawn pays ~5 s of imports); the assertions live
+in the test module.
+"""
+
+from __future__ import annotations
+
+import torch
+
+import megatron_workers as W
+from relax.models.tiny.model import TinyCausalLM
+
+
+def _tiny_model() -> TinyCausalLM:
+    model = TinyCausalLM(W.CFG)
+    model.load_state_dict(W.initial_weights())
+    return model
+
+
+def bf16_runs(rank: int, world: int) -> dict:
+    from megatron.core.transformer.transformer_block import TransformerBlock
+
+    from relax.backends.megatron.backend import MegatronBackend
+    from relax.backends.torch_backend import TorchBackend
+    from relax.runtime.config import RunConfig
+
+    batch = W.make_batch()
+    out = {}
+
+    # -- float32 reference ---------------------------------------------------------------------
+    fp32 = W._megatron()
+    out["inline_schedule"] = [fp32._unpipelined_applies()]
+    out["fp32"] = W.run_training(fp32, batch)
+    out["fp32_trained"] = fp32.export_weights()
+    del fp32
+
+    # -- bf16, built by for_policy from a RunConfig as `relax train --bf16` builds it ----------
+    config = RunConfig(lr=W.LR, adam_eps=W.ADAM_EPS, clip_grad=1.0, seed=7, bf16=True)
+    mg = MegatronBackend.for_policy(config, _tiny_model())
+    params = dict(mg.model.module.named_parameters())
+    masters = mg._master_params()
+    out["param_dtypes"] = {name: p.dtype for name, p in params.items()}
+    out["master_dtypes"] = {name: m.dtype for name, m in masters.items()}
+    out["initial_masters"] = mg._gather({k: v.detach().clone() for k, v in masters.items()})
+    out["initial_params"] = mg.export_weights()
+    out["logits_dtype"] = mg.logits(batch).dtype
+    out["inline_schedule"].append(mg._unpipelined_applies())
+    out["bf16"] = W.run_training(mg, batch)
+    masters = mg._master_params()
+    out["params_equal_rounded_masters"] = all(
+        torch.equal(p, masters[name].to(p.dtype)) for name, p in mg.model.module.named_parameters()
+    )
+    out["main_grad_dtypes"] = {p.main_grad.dtype for p in mg.model.module.parameters()}
+    out["optimizer_param_dtypes"] = {
+        p.dtype for opt in mg._torch_optimizers() for g in opt.param_groups for p in g["params"]
+    }
+    out["adam_state_dtypes"] = {
+        v.dtype for opt in mg._torch_optimizers() for s in opt.state.values()
+        for k, v in s.items() if k != "step"
+    }
+    out["adam_exp_avg"] = mg._gather(mg._adam_state("exp_avg"))
+    out["bf16_masters"] = mg._gather({k: v.detach().clone() for k, v in masters.items()})
+    out["bf16_exported"] = mg.export_weights()
+    del mg
+
+    # -- the torch backend's --bf16 (autocast over float32 weights) on the same model and batch --
+    pt = TorchBackend.for_policy(config, _tiny_model())
+    out["torch_bf16"] = W.run_training(pt, batch)
+    out["torch_bf16_trained"] = pt.export_weights()
+
+    # -- bf16 with --recompute-activations ----------------------------------------------------
+    calls = []
+    original = TransformerBlock._checkpointed_forward
+
+    def counting(self, *args, **kwargs):
+        calls.append(1)
+        return original(self, *args, **kwargs)
+
+    TransformerBlock._checkpointed_forward = counting
+    try:
+        recompute = MegatronBackend.for_policy(
+            RunConfig(lr=W.LR, adam_eps=W.ADAM_EPS, clip_grad=1.0, seed=7, bf16=True,
+                      recompute_activations=True),
+            _tiny_model(),
+        )
+        out["recompute"] = W.run_training(recompute, batch)
+        out["recompute_masters"] = recompute._gather(
+            {k: v.detach().clone() for k, v in recompute._master_params().items()}
+        )
+    finally:
+        TransformerBlock._checkpointed_forward = original
+    out["checkpointed_calls"] = len(calls)
+    return out
+
+
+def bf16_two_ranks(rank: int, world: int) -> dict:
+    """World 2: ``--bf16`` with TP=2 (bfloat16 partial sums all-reduced) and with PP=2 (bfloat16
+    activations sent between stages); log-probs and a few steps each."""
+    batch = W.make_batch()
+    out = {}
+    backend = W._megatron(tensor_model_parallel_size=2, bf16=True)
+    out["tp2"] = W.run_training(backend, batch)
+    out["tp2_masters"] = backend._gather({k: v.detach().clone() for k, v in backend._master_params().items()})
+    del backend
+    W._reset_parallel_state()
+    backend = W._megatron(pipeline_model_parallel_size=2, bf16=True)
+    out["pp2"] = W.run_training(backend, batch, micro=2)
+    out["pp2_masters"] = backend._gather({k: v.detach().clone() for k, v in backend._master_params().items()})
+    out["pp2_param_dtypes"] = {p.dtype for p in backend.model.module.parameters()}
+    return out

@@ -198,7 +198,8 @@ class RunConfig:
         "layers that get adapters: module-name suffixes (e.g. q_proj v_proj), or all-linear (every linear "
         "layer but the output head)", group="placement and backends", nargs="+", metavar="NAME"))
     bf16: bool = attrs.field(default=False, metadata=flag(
-        "train in bfloat16 mixed precision (torch backend: autocast; weights and Adam state stay float32)",
+        "train in bfloat16 mixed precision with float32 master weights and Adam state (torch backend: "
+        "autocast over float32 weights; Megatron: bfloat16 parameters, megatron-core's mixed-precision optimizer)",
         group="placement and backends"))
     recompute_activations: bool = attrs.field(default=False, metadata=flag(
         "recompute each transformer block's activations in the backward pass (less memory, more compute)",

@@ -110,3 +110,33 @@ def bf16_two_ranks(rank: int, world: int) -> dict:
     out["pp2_masters"] = backend._gather({k: v.detach().clone() for k, v in backend._master_params().items()})
     out["pp2_param_dtypes"] = {p.dtype for p in backend.model.module.parameters()}
     return out
+
+
+def bf16_resume(rank: int, world: int) -> dict:
+    """``--bf16`` checkpoint round trip: two steps, ``state_dict``, a fresh bf16 backend loads it and
+    takes a third step, against three steps in one go (same batch and loss each step)."""
+    batch = W.make_batch()
+    reference = W._megatron(bf16=True)
+    old = reference.compute_log_probs(batch).log_probs + 0.3 * W.advantages_for(batch, seed=4)
+    loss_fn = W.make_loss_fn(batch, old, W.advantages_for(batch), float(batch.response_mask.sum()))
+
+    def snapshot(backend) -> dict:
+        return {"params": backend.export_weights(),
+                "masters": backend._gather({k: v.detach().clone() for k, v in backend._master_params().items()}),
+                "exp_avg_sq": backend._gather(backend._adam_state("exp_avg_sq")), "steps": backend.steps}
+
+    straight = [reference.train_step(batch, loss_fn, micro_batch_size=W.MICRO) for _ in range(3)]
+    out = {"straight": snapshot(reference), "straight_metrics": straight[-1]}
+    del reference
+    first = W._megatron(bf16=True)
+    for _ in range(2):
+        first.train_step(batch, loss_fn, micro_batch_size=W.MICRO)
+    state = first.state_dict()
+    out["state_dtypes"] = {"model": {v.dtype for v in state["model"].values()},
+                           "master": {v.dtype for v in state["master"].values()}}
+    del first
+    resumed = W._megatron(bf16=True)
+    resumed.load_state_dict(state)
+    out["resumed_metrics"] = resumed.train_step(batch, loss_fn, micro_batch_size=W.MICRO)
+    out["resumed"] = snapshot(resumed)
+    return out

@@ -128,7 +128,7 @@ def test_relax_train_megatron_bf16_through_ray(ray_cluster, tmp_path):
     out = tmp_path / "bf16"
     parser, subparsers = build_parser()
     argv = ["train", "--backend", "megatron", "--bf16", "--recompute-activations",
-            "--advantage-estimator", "gdpo", "--seed", "3", "--num-rollout", "3", "--save-interval", "3",
+            "--advantage-estimator", "gdpo", "--seed", "3", "--num-rollout", "3", "--save-interval", "2",
             "--output-dir", str(out), "--no-progress"]
     config = prepare_train_config(argv, parser, subparsers["train"])[0]
     assert config.bf16 and config.backend == "megatron"
@@ -145,3 +145,25 @@ def test_relax_train_megatron_bf16_through_ray(ray_cluster, tmp_path):
     assert {v.dtype for v in state["model"].values()} == {torch.bfloat16}
     assert {v.dtype for v in state["exp_avg"].values()} == {torch.float32}
     assert state["adam_step"] >= summary.steps_run  # Adam stepped the masters at every training step
+    assert {v.dtype for v in state["master"].values()} == {torch.float32}
+    # --load from step 2 continues from the float32 masters: step 3 ends on the uninterrupted weights
+    resumed_out = tmp_path / "bf16_resumed"
+    resumed_argv = [a if a != str(out) else str(resumed_out) for a in argv] + ["--load", str(checkpoint_path(out, 2))]
+    run(prepare_train_config(resumed_argv, parser, subparsers["train"])[0])
+    resumed = torch.load(checkpoint_path(resumed_out, 3), weights_only=False)["actor"]["backend"]
+    for part in ("model", "master", "exp_avg"):
+        for name, value in state[part].items():
+            assert torch.equal(resumed[part][name], value), (part, name)
+
+
+@pytest.mark.timeout(240)
+def test_bf16_checkpoint_resumes_from_the_float32_masters_exactly():
+    out = run_distributed(BW.bf16_resume, 1)[0]
+    # the checkpoint keeps the float32 masters next to the bfloat16 weights the rollout samples with
+    assert out["state_dtypes"] == {"model": {torch.bfloat16}, "master": {torch.float32}}
+    straight, resumed = out["straight"], out["resumed"]
+    assert resumed["steps"] == straight["steps"] == 3
+    for part in ("params", "masters", "exp_avg_sq"):
+        for name, value in straight[part].items():
+            assert torch.equal(resumed[part][name], value), (part, name)
+    assert out["resumed_metrics"]["grad_norm"] == out["straight_metrics"]["grad_norm"]

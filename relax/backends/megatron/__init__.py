@@ -48,14 +48,6 @@ def config_errors(config) -> list[str]:
     from relax.backends import optim
 
     errors = optim.config_errors(config)
-    if config.bf16 and config.load:
-        # --bf16 trains bfloat16 parameters from float32 master copies, but checkpoints hold the
-        # bfloat16 weights and the resume path restores Adam state by parameter, not by master copy.
-        errors.append(
-            f"--load {config.load} cannot resume a --bf16 run on --backend megatron yet (its checkpoints "
-            "hold the bfloat16 weights, not the float32 master weights): start the run again without --load, "
-            "or train with --backend torch --bf16"
-        )
     if config.lora_rank:
         errors.append("--lora-rank is implemented for --backend torch only; drop it or use --backend torch")
     if not megatron_installed():

@@ -519,7 +519,7 @@ class MegatronBackend(TrainingBackend):
         adam_steps = [
             float(s["step"]) for opt in self._torch_optimizers() for s in opt.state.values() if "step" in s
         ]
-        return {
+        state = {
             "format": CHECKPOINT_FORMAT,
             "model_config": self.family.describe(),
             "model": self.export_weights(),
@@ -528,6 +528,11 @@ class MegatronBackend(TrainingBackend):
             "adam_step": max(adam_steps, default=0.0),
             "steps": self.steps,
         }
+        if self.bf16:
+            # "model" holds the bfloat16 weights the rollout samples with; the optimizer steps the
+            # float32 masters, which a resumed run must continue from exactly.
+            state["master"] = self._gather({name: m.detach() for name, m in self._master_params().items()})
+        return state
 
     def load_state_dict(self, state: Mapping) -> None:
         if state.get("format") != CHECKPOINT_FORMAT:
@@ -537,16 +542,22 @@ class MegatronBackend(TrainingBackend):
             )
         if state["model_config"] != self.family.describe():
             raise ValueError(f"checkpoint model {state['model_config']} != this model {self.family.describe()}")
-        self.load_weights(state["model"])
-        params = dict(self.model.module.named_parameters())
+        # The float32 masters when the checkpoint has them (a --bf16 run), else its float32 weights;
+        # with --bf16 the parameters are their rounding, as after an optimizer step.
+        weights = state.get("master", state["model"])
+        self.load_weights(weights)
+        masters = self._master_params()  # the tensors the optimizer steps (the parameters in float32)
+        if self.bf16:
+            with torch.no_grad():
+                self._shard_into(masters, weights)
+        name_of = {id(m): name for name, m in masters.items()}
         for key in ("exp_avg", "exp_avg_sq"):
-            targets = {name: torch.zeros_like(p) for name, p in params.items()}
+            targets = {name: torch.zeros_like(m) for name, m in masters.items()}
             self._shard_into(targets, state[key])
             for opt in self._torch_optimizers():
                 for group in opt.param_groups:
                     for p in group["params"]:
-                        name = next(n for n, q in params.items() if q is p)
                         slot = opt.state[p]
-                        slot[key] = targets[name]
+                        slot[key] = targets[name_of[id(p)]]
                         slot["step"] = torch.tensor(float(state["adam_step"]))
         self.steps = int(state["steps"])

@@ -20,8 +20,6 @@ def _tiny_model() -> TinyCausalLM:
 
 
 def bf16_runs(rank: int, world: int) -> dict:
-    from megatron.core.transformer.transformer_block import TransformerBlock
-
     from relax.backends.megatron.backend import MegatronBackend
     from relax.backends.torch_backend import TorchBackend
     from relax.runtime.config import RunConfig
@@ -71,15 +69,7 @@ def bf16_runs(rank: int, world: int) -> dict:
     out["torch_bf16_trained"] = pt.export_weights()
 
     # -- bf16 with --recompute-activations ----------------------------------------------------
-    calls = []
-    original = TransformerBlock._checkpointed_forward
-
-    def counting(self, *args, **kwargs):
-        calls.append(1)
-        return original(self, *args, **kwargs)
-
-    TransformerBlock._checkpointed_forward = counting
-    try:
+    with W.counting_recomputed_forwards() as calls:
         recompute = MegatronBackend.for_policy(
             RunConfig(lr=W.LR, adam_eps=W.ADAM_EPS, clip_grad=1.0, seed=7, bf16=True,
                       recompute_activations=True),
@@ -89,8 +79,6 @@ def bf16_runs(rank: int, world: int) -> dict:
         out["recompute_masters"] = recompute._gather(
             {k: v.detach().clone() for k, v in recompute._master_params().items()}
         )
-    finally:
-        TransformerBlock._checkpointed_forward = original
     out["checkpointed_calls"] = len(calls)
     return out
 

@@ -5,6 +5,8 @@ Each function returns plain tensors/numbers; the assertions live in the test mod
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.distributed as dist
 
@@ -285,11 +287,12 @@ def optimizer_flags(rank: int, world: int) -> dict:
     return out
 
 
-def recompute(rank: int, world: int) -> dict:
-    """The same training with and without ``--recompute-activations`` (full-layer recomputation)."""
+@contextlib.contextmanager
+def counting_recomputed_forwards():
+    """Counts megatron-core's recomputing (checkpointed) block forwards while active; yields the list
+    that grows by one per call."""
     from megatron.core.transformer.transformer_block import TransformerBlock
 
-    batch = make_batch()
     calls = []
     original = TransformerBlock._checkpointed_forward
 
@@ -298,6 +301,15 @@ def recompute(rank: int, world: int) -> dict:
         return original(self, *args, **kwargs)
 
     TransformerBlock._checkpointed_forward = counting
+    try:
+        yield calls
+    finally:
+        TransformerBlock._checkpointed_forward = original
+
+
+def recompute(rank: int, world: int) -> dict:
+    """The same training with and without ``--recompute-activations`` (full-layer recomputation)."""
+    batch = make_batch()
     out = {}
     plain = _megatron()
     out["plain"] = run_training(plain, batch)["metrics"]
@@ -308,8 +320,9 @@ def recompute(rank: int, world: int) -> dict:
     model = TinyCausalLM(CFG)
     model.load_state_dict(initial_weights())
     config = RunConfig(lr=LR, adam_eps=ADAM_EPS, clip_grad=1.0, seed=7, recompute_activations=True)
-    recomputed = MegatronBackend.for_policy(config, model)  # the flag as `relax train` passes it
-    out["recompute"] = run_training(recomputed, batch)["metrics"]
-    out["recompute_trained"] = recomputed.export_weights()
+    with counting_recomputed_forwards() as calls:
+        recomputed = MegatronBackend.for_policy(config, model)  # the flag as `relax train` passes it
+        out["recompute"] = run_training(recomputed, batch)["metrics"]
+        out["recompute_trained"] = recomputed.export_weights()
     out["checkpointed_calls"] = len(calls)
     return out

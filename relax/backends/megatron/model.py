@@ -125,7 +125,7 @@ def build_gpt_model(cfg: TinyLMConfig, config, *, pre_process: bool = True, post
     from megatron.core.models.gpt import GPTModel
     from relax.backends.megatron.attention import local_layer_spec
 
-    return GPTModel(
+    model = GPTModel(
         config,
         local_layer_spec(),
         vocab_size=padded_vocab_size(cfg.vocab_size, config.tensor_model_parallel_size),
@@ -136,6 +136,12 @@ def build_gpt_model(cfg: TinyLMConfig, config, *, pre_process: bool = True, post
         share_embeddings_and_output_weights=True,
         position_embedding_type="learned_absolute",
     )
+    for layer in model.decoder.layers:
+        # The MLP's first layer hands its bias back for a fused bias + activation kernel; with the
+        # fusion off (exact GELU) the MLP adds it in a pass of its own over the [s, b, 4h]
+        # activations. Adding it inside the linear layer instead is one ``addmm`` (same values).
+        layer.mlp.linear_fc1.skip_bias_add = False
+    return model
 
 
 # ---------------------------------------------------------------------------------------------

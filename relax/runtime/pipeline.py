@@ -22,14 +22,13 @@ sample with the checkpointed weights or newer, so a run resumed from there repea
 from __future__ import annotations
 
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 from relax.runtime import roles as R
 from relax.runtime.actor_metrics import STEP_METRICS_KEY, combine_actor_metrics
 from relax.runtime.cluster import Runtime
 from relax.runtime.rollouts import plan_from_rollouts, rollout_metrics
 from relax.runtime.schedule import num_minibatches
-from relax.runtime.waits import get
+from relax.runtime.waits import BackgroundCall, get
 
 
 def rollout_version(step: int, staleness_bound: int, floor: int) -> int:
@@ -53,8 +52,7 @@ class Pipeline:
         self.t_last = time.perf_counter()
         # Dropping a finished step's partition is off the critical path: a driver thread does it
         # while the next steps run (TransferQueue's client is thread-safe: it runs its own loop).
-        self.clearer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="relax-clear")
-        self.clearing = None
+        self.clearer = BackgroundCall("clearing a finished step from the data plane")
 
     def checkpointed(self, step: int) -> None:
         """A checkpoint of ``step`` was written: later rollouts sample with its weights or newer."""
@@ -88,9 +86,7 @@ class Pipeline:
             del self.versions[v]
 
     def _clear_later(self, step: int) -> None:
-        if self.clearing is not None:
-            self.clearing.result()  # surface an error of the previous clear here
-        self.clearing = self.clearer.submit(self.rt.data_plane.clear, step)
+        self.clearer.submit(self.rt.data_plane.clear, step)  # after the previous clear; its error surfaces here
 
     def step(self, step: int, submit_through: int, timeout: float | None = None) -> dict:
         """Collect ``step``'s results, after submitting every step up to ``submit_through`` (the
@@ -135,6 +131,4 @@ class Pipeline:
         return row
 
     def close(self) -> None:
-        if self.clearing is not None:
-            self.clearing.result()
-        self.clearer.shutdown(wait=True)
+        self.clearer.wait()

@@ -1,5 +1,6 @@
 """Bounded waits of the driver: ``get`` turns a dead worker, or a dead TransferQueue component, into
-one error naming it; ``bounded`` runs a shutdown step for at most a few seconds."""
+one error naming it; ``BackgroundCall`` runs driver work off the critical path without letting it
+hang the run or its exit; ``bounded`` runs a shutdown step for at most a few seconds."""
 
 from __future__ import annotations
 
@@ -97,6 +98,44 @@ def get(refs, what: str, timeout: float | None = None):
             f"the {what} worker did not answer within {timeout:.0f}s (not enough Ray CPUs for every worker, or "
             "stuck); check `ray status`"
         ) from exc
+
+
+class BackgroundCall:
+    """One call at a time off the driver's critical path, in a *daemon* thread: a call that hangs on
+    a dead TransferQueue component can neither block the driver's next wait (``wait`` checks the
+    watched components, as ``get`` does) nor keep the process from exiting (a thread pool's
+    workers are joined at interpreter exit, so a stuck one would hang ``relax train`` after it has
+    reported the error)."""
+
+    def __init__(self, what: str):
+        self.what = what
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def submit(self, fn, *args) -> None:
+        """Start ``fn(*args)`` after the previous call finished (``wait``)."""
+        self.wait()
+        self._thread = threading.Thread(target=self._run, args=(fn, *args), name=f"relax-{self.what}", daemon=True)
+        self._thread.start()
+
+    def _run(self, fn, *args) -> None:
+        try:
+            fn(*args)
+        except BaseException as exc:  # noqa: BLE001 - handed to the driver by wait()
+            self._error = exc
+
+    def wait(self) -> None:
+        """Until the call in flight finished; re-raises its error. A watched component that died
+        meanwhile raises ``WorkerDied`` naming it (the call is left to its daemon thread)."""
+        thread = self._thread
+        while thread is not None and thread.is_alive():
+            thread.join(LIVENESS_POLL_S)
+            if thread.is_alive() and (dead := dead_component()) is not None:
+                raise WorkerDied(f"the {dead} died while {self.what}; the run cannot continue without it")
+        self._thread = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
 
 
 STOP_STEP_TIMEOUT_S = 20.0

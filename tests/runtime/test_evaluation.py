@@ -219,7 +219,10 @@ def test_embedded_default_evaluates_before_every_interval_and_after_with_two_wor
     from relax.runtime.train import run
 
     out = tmp_path / "run"
-    summary = run(_config(out, rollout_num_workers=2, eval_interval=3, num_rollout=4, log_completions=30))
+    # --eval-top-p through run(): at temperature 1, a nucleus this small keeps only the most likely
+    # token, so the evaluation is the greedy one the reference below computes
+    summary = run(_config(out, rollout_num_workers=2, eval_interval=3, num_rollout=4, log_completions=30,
+                          eval_temperature=1.0, eval_top_p=1e-6))
     rows = metrics_rows(out)
     evaluated = {r["step"]: r for r in rows if "eval/num_prompts" in r}
     assert sorted(evaluated) == [0, 3, 4]  # before training, every 3 steps, after the last

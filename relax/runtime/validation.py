@@ -25,6 +25,7 @@ from relax.backends.registry import config_errors as backend_config_errors
 from relax.runtime.batch_shape import batch_shape, check_batch
 from relax.runtime.config import RunConfig
 from relax.runtime.eval_rules import check_evaluation
+from relax.runtime.no_op_rules import check_no_op
 
 FLOAT32_MAX = float(torch.finfo(torch.float32).max)
 # Example component names shown in messages when the configured keys are too few to serve as one.
@@ -318,6 +319,7 @@ RULES = (
     _check_async,
     _check_logging,
     check_evaluation,  # --eval-* (relax.runtime.eval_rules)
+    check_no_op,  # runs that would train nothing, flags that would do nothing (relax.runtime.no_op_rules)
     _check_unused_hyperparameters,
 )
 

@@ -142,6 +142,7 @@ def _on_sigterm(signum, frame):
 def _run_error_message(exc: BaseException) -> str | None:
     """One line for a failure relax knows how to describe, else None (the traceback is shown)."""
     from relax.runtime.checkpoints import CheckpointError
+    from relax.runtime.run_errors import RunFailed
     from relax.runtime.waits import WorkerDied
 
     if isinstance(exc, WorkerDied):
@@ -150,7 +151,7 @@ def _run_error_message(exc: BaseException) -> str | None:
             head = str(exc).split(":", 1)[0]  # "the rollout worker failed"
             return f"{head}: {type(cause).__name__}: {cause}"
         return str(exc).split("\n", 1)[0]
-    if isinstance(exc, (CheckpointError, ConnectionError)):
+    if isinstance(exc, (CheckpointError, ConnectionError, RunFailed)):
         return str(exc)
     return None
 

@@ -34,6 +34,7 @@ from relax.runtime.evaluation import Evaluation
 from relax.runtime.metrics import MetricsLog, progress_line, summary_table
 from relax.runtime.pipeline import Pipeline
 from relax.runtime.run_dir import lock_run_dir
+from relax.runtime.run_errors import nothing_trained, skipped_step_warning
 from relax.runtime.trackers import Trackers
 from relax.runtime.validation import validate
 
@@ -156,6 +157,7 @@ def run(config) -> RunSummary:
     pipeline = None
     bar = None
     steps_run = 0
+    steps_skipped = 0  # steps whose every prompt group was dropped (nothing trained)
     try:
         runtime.start()
         if state is not None:
@@ -188,6 +190,9 @@ def run(config) -> RunSummary:
             metrics_log.write(row)
             trackers.log(row)
             steps_run += 1
+            if row.get("train/skipped"):
+                steps_skipped += 1
+                log(skipped_step_warning(config, row), bar)
             shown = (config.reward_key,) if config.reward_key else keys  # --reward-key: the run's reward
             postfix = {_short(k): f"{row.get(f'reward/{k}/mean', float('nan')):.2f}" for k in shown}
             if config.fully_async:
@@ -211,6 +216,8 @@ def run(config) -> RunSummary:
         if eval_line:
             log(eval_line)
         eval_before, eval_after = evaluation.before_after()
+        if steps_run and steps_skipped == steps_run:
+            raise nothing_trained(config, steps_run)  # exit 1 after the run's summary: it changed nothing
         return RunSummary(
             output_dir=str(out), steps_run=steps_run, last_step=start_step + steps_run, reward_first_last=stats,
             startup_s=t_ready - t_start, train_s=t_end - t_ready, total_s=t_end - t_start,

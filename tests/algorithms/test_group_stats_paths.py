@@ -23,9 +23,9 @@ def test_columnwise_standardize_is_bit_identical_to_whole_matrix(monkeypatch, di
     gen = torch.Generator().manual_seed(1)
     ids = (torch.arange(n) // 5)[torch.randperm(n, generator=gen)] * 3 - 7  # shuffled, negative, gaps
     r = _rewards(n, 3, seed=2)
-    monkeypatch.setattr(numerics, "_COLUMNWISE_MIN_SAMPLES", 10**9)
+    monkeypatch.setattr(numerics.groups, "_COLUMNWISE_MIN_SAMPLES", 10**9)
     whole = numerics.group_standardize(r, ids, 1e-4, divide_by_std=divide_by_std)
-    monkeypatch.setattr(numerics, "_COLUMNWISE_MIN_SAMPLES", 1)
+    monkeypatch.setattr(numerics.groups, "_COLUMNWISE_MIN_SAMPLES", 1)
     columnwise = numerics.group_standardize(r, ids, 1e-4, divide_by_std=divide_by_std)
     assert torch.equal(columnwise, whole)
     assert columnwise.is_contiguous() and columnwise.shape == r.shape
@@ -36,7 +36,7 @@ def test_columnwise_standardize_is_bit_identical_to_whole_matrix(monkeypatch, di
 
 
 def test_columnwise_standardize_leaves_input_alone(monkeypatch):
-    monkeypatch.setattr(numerics, "_COLUMNWISE_MIN_SAMPLES", 1)
+    monkeypatch.setattr(numerics.groups, "_COLUMNWISE_MIN_SAMPLES", 1)
     for shape in [(1, 1), (6, 1), (1, 3), (6, 3)]:
         r = _rewards(*shape, seed=3)
         before = r.clone()

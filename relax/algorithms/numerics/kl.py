@@ -1,0 +1,24 @@
+"""KL estimators from the log-probs of the sampled tokens."""
+
+from __future__ import annotations
+
+import torch
+
+from relax.algorithms.numerics.constants import KL_ESTIMATORS, LOW_VAR_KL_CLAMP
+
+
+def kl_estimate(log_probs: torch.Tensor, base_log_probs: torch.Tensor, kind: str = "k1") -> torch.Tensor:
+    """Per-token estimate of KL(current || base) from log-probs of the sampled tokens.
+
+    With d = log_probs - base_log_probs: k1 = d; k2 = d^2 / 2; k3 = exp(-d) - 1 + d;
+    low_var_kl = k3 clamped to [-10, 10].
+    """
+    d = log_probs - base_log_probs
+    if kind == "k1":
+        return d
+    if kind == "k2":
+        return 0.5 * d * d
+    if kind in ("k3", "low_var_kl"):
+        k3 = torch.expm1(-d) + d
+        return k3.clamp(-LOW_VAR_KL_CLAMP, LOW_VAR_KL_CLAMP) if kind == "low_var_kl" else k3
+    raise ValueError(f"unknown KL estimator {kind!r}; choose one of {', '.join(KL_ESTIMATORS)} (--kl-loss-type)")

@@ -1,0 +1,131 @@
+"""Loss aggregation, the clipped value loss, behaviour-policy weights and the PPO surrogate."""
+
+from __future__ import annotations
+
+import torch
+
+from relax.algorithms.numerics.constants import LOSS_AGGREGATIONS, OFF_POLICY_CORRECTIONS
+
+
+def aggregate(
+    per_token: torch.Tensor,
+    mask: torch.Tensor,
+    mode: str = "token_mean",
+    *,
+    global_num_tokens: float | None = None,
+    global_num_sequences: float | None = None,
+) -> torch.Tensor:
+    """Reduce a ``[N, T]`` per-token quantity to a scalar; masked positions never contribute.
+
+    - ``token_mean``: sum over valid tokens / number of valid tokens (or ``global_num_tokens``);
+    - ``seq_mean_token_mean``: mean over sequences of each sequence's token mean;
+    - ``seq_mean_token_sum``: mean over sequences of each sequence's token sum (Dr.GRPO-style).
+
+    "Sequences" are those with at least one valid token; ``global_num_sequences`` replaces their local
+    count as the divisor (so micro-batch losses add up to the mini-batch loss).
+    """
+    mask = mask.to(torch.bool)
+    x = torch.where(mask, per_token, torch.zeros((), dtype=per_token.dtype, device=per_token.device))
+    if mode == "token_mean":
+        denom = global_num_tokens if global_num_tokens is not None else mask.sum().clamp(min=1)
+        return x.sum() / denom
+    tokens_per_seq = mask.sum(dim=1)
+    seq_sum = x.sum(dim=1)
+    if mode == "seq_mean_token_mean":
+        per_seq = seq_sum / tokens_per_seq.clamp(min=1)
+    elif mode == "seq_mean_token_sum":
+        per_seq = seq_sum
+    else:
+        raise ValueError(f"unknown loss_aggregation {mode!r}; choose one of {', '.join(LOSS_AGGREGATIONS)}")
+    if global_num_sequences is not None:
+        denom = global_num_sequences
+    else:
+        denom = (tokens_per_seq > 0).sum().clamp(min=1)
+    return per_seq.sum() / denom
+
+
+def masked_inputs(mask: torch.Tensor, *tensors: torch.Tensor | None) -> list[torch.Tensor | None]:
+    """Replace masked positions by 0 (keeping autograd): NaN/inf in padding can't reach loss or grads."""
+    mask = mask.to(torch.bool)
+    return [None if t is None else torch.where(mask, t, torch.zeros((), dtype=t.dtype, device=t.device))
+            for t in tensors]
+
+
+def value_loss(
+    values: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    mask: torch.Tensor,
+    value_clip: float | None = 0.2,
+    mode: str = "token_mean",
+    *,
+    global_num_tokens: float | None = None,
+    global_num_sequences: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Clipped critic loss ``max((V - R)^2, (V_old + clip(V - V_old, ±c) - R)^2)`` -> (loss, clipfrac).
+
+    ``value_clip`` None disables the clipped term. Aggregated like the policy loss.
+    """
+    values, old_values, returns = masked_inputs(mask, values, old_values, returns)
+    unclipped = (values - returns) ** 2
+    if value_clip is None:
+        per_token, clipped_more = unclipped, torch.zeros_like(unclipped, dtype=torch.bool)
+    else:
+        v_clip = old_values + (values - old_values).clamp(-value_clip, value_clip)
+        clipped = (v_clip - returns) ** 2
+        per_token, clipped_more = torch.maximum(unclipped, clipped), clipped > unclipped
+    kw = dict(global_num_tokens=global_num_tokens, global_num_sequences=global_num_sequences)
+    loss = aggregate(per_token, mask, mode, **kw)
+    clipfrac = aggregate(clipped_more.to(per_token.dtype), mask, mode, **kw).detach()
+    return loss, clipfrac
+
+
+def behaviour_weights(
+    proximal_log_probs: torch.Tensor, behaviour_log_probs: torch.Tensor, mode: str, cap: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token weights that correct a loss for samples drawn by a behaviour policy -> ``(weight, capped)``.
+
+    ``proximal_log_probs`` are the trainer's log-probs before this step's updates (``old_log_probs``:
+    PPO's ratio is taken against them), ``behaviour_log_probs`` the rollout's sampling log-probs,
+    possibly of an older policy version. With ``w = exp(proximal - behaviour)``:
+
+    - ``tis``: truncated importance sampling, ``min(w, cap)``;
+    - ``decoupled``: the decoupled PPO objective, ``w`` itself, and tokens with ``w > cap`` get
+      weight 0 (they are dropped rather than down-weighted).
+
+    The weights carry no gradient. ``capped`` marks the tokens whose weight hit the cap.
+    """
+    if mode not in OFF_POLICY_CORRECTIONS or mode == "none":
+        raise ValueError(f"mode must be one of {OFF_POLICY_CORRECTIONS[1:]}, got {mode!r}")
+    weight = torch.exp((proximal_log_probs - behaviour_log_probs).detach())
+    capped = weight > cap
+    if mode == "tis":
+        return weight.clamp(max=cap), capped
+    return torch.where(capped, torch.zeros_like(weight), weight), capped
+
+
+def ppo_clip_loss(
+    log_ratio: torch.Tensor,
+    advantages: torch.Tensor,
+    eps_low: float,
+    eps_high: float,
+    dual_clip: float | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Per-token PPO clipped surrogate (negated) -> ``(loss [N, T], {flag name: bool [N, T]})``.
+
+    L = max(-r A, -clip(r, 1 - eps_low, 1 + eps_high) A) with r = exp(log_ratio); flag
+    ``pg_clipfrac`` marks tokens where the clipped term wins. Dual clip (``dual_clip`` = c > 1): for
+    A < 0 the loss is capped at -c A, so a huge ratio on a negative-advantage token cannot blow up
+    the loss; flag ``dual_clipfrac`` marks the tokens where the cap acts.
+    """
+    ratio = torch.exp(log_ratio)
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
+    loss = torch.maximum(unclipped, clipped)
+    flags = {"pg_clipfrac": clipped > unclipped}
+    if dual_clip is not None:
+        cap = -advantages * dual_clip
+        capped = (advantages < 0) & (loss > cap)
+        loss = torch.where(capped, cap, loss)
+        flags["dual_clipfrac"] = capped
+    return loss, flags

@@ -110,7 +110,7 @@ def best_ms(fn, *args, repeats: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--max-n", type=int, default=10**6)
     parser.add_argument("--loop-budget-s", type=float, default=60.0,
                         help="skip the Python-loop reference when its single run is predicted to exceed this")

@@ -97,7 +97,7 @@ def _at(curve, seconds: float) -> float:
 
 
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--algorithm", default="gdpo")
     parser.add_argument("--steps", type=int, default=150)
     args = parser.parse_args(argv)

@@ -94,7 +94,9 @@ def summarize(history: list[dict], keys, elapsed: float, greedy: float) -> dict:
 
 
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description="bare single-process RL loop on the embedded default")
+    parser = argparse.ArgumentParser(
+        description="bare single-process RL loop on the embedded default", allow_abbrev=False
+    )
     parser.add_argument("--advantage-estimator", default="grpo")
     parser.add_argument("--task", default="addition")
     parser.add_argument("--reward-weights", type=float, nargs="+", default=None)

@@ -39,7 +39,7 @@ def make_batch(n: int, p: int = 5, t: int = 8, seed: int = 0) -> TokenBatch:
 
 
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--samples", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=30)
     args = parser.parse_args(argv)

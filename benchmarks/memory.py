@@ -134,7 +134,7 @@ def worker(args) -> dict:
 
 
 def main(argv=None) -> list[dict]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--samples", type=int, default=4)
     parser.add_argument("--prompt-len", type=int, default=64)
     parser.add_argument("--response-len", type=int, default=192)

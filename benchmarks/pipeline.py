@@ -120,7 +120,7 @@ def bare_sampling_tokens_per_s(weights, iterations: int = 30) -> float:
 
 
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--algorithm", default="gdpo")
     parser.add_argument("--steps", type=int, default=100)
     args = parser.parse_args(argv)

@@ -541,7 +541,9 @@ seed means); "a clear difference" means more than that.
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description="GRPO vs GDPO on the built-in addition task (CPU).")
+    p = argparse.ArgumentParser(
+        description="GRPO vs GDPO on the built-in addition task (CPU).", allow_abbrev=False
+    )
     p.add_argument(
         "--settings",
         nargs="+",

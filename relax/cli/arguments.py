@@ -109,6 +109,6 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
 def build_train_parser(prog: str = "relax train", parser: argparse.ArgumentParser | None = None):
     """The ``relax train`` parser (or fill ``parser``, e.g. a subparser)."""
     if parser is None:
-        parser = argparse.ArgumentParser(prog=prog, formatter_class=HelpFormatter)
+        parser = argparse.ArgumentParser(prog=prog, formatter_class=HelpFormatter, allow_abbrev=False)
     add_train_arguments(parser)
     return parser

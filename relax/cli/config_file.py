@@ -16,13 +16,13 @@ written as false).
 from __future__ import annotations
 
 import argparse
-import difflib
 from pathlib import Path
 from typing import Any
 
 import attrs
 import yaml
 
+from relax.cli.suggest import closest
 from relax.runtime.config import RunConfig
 
 EFFECTIVE_CONFIG_NAME = "config.yaml"
@@ -66,7 +66,10 @@ def _coerce(action: argparse.Action, key: str, value: Any, as_switch: bool) -> A
             f"key {key!r} must be a plain value, got a mapping (the file is flat: flag: value)"
         )
     if action.nargs in ("+", "*"):
-        items = list(value) if isinstance(value, (list, tuple)) else [value]
+        if isinstance(value, str):  # `reward_keys: correct format` means what the command line means
+            items = value.replace(",", " ").split()
+        else:
+            items = list(value) if isinstance(value, (list, tuple)) else [value]
         if not items and action.nargs == "+":
             raise ConfigFileError(f"key {key!r} needs at least one value")
         return [_convert(action, key, item) for item in items]
@@ -127,8 +130,8 @@ def read_config_file(path: str | Path, parser: argparse.ArgumentParser) -> dict[
     for raw_key, value in data.items():
         key = str(raw_key).lstrip("-").replace("-", "_")
         if key not in table:
-            close = difflib.get_close_matches(key, sorted(table), n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else "; see `relax train --help` for the flags"
+            close = closest(key, table)
+            hint = f"; did you mean {close!r}?" if close else "; see `relax train --help` for the flags"
             raise ConfigFileError(f"unknown key {raw_key!r} in {path}{hint}")
         action, as_switch = table[key]
         if action.dest in values:

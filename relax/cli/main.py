@@ -24,6 +24,7 @@ from relax.cli.build import build_run_config
 from relax.cli.config_file import ConfigFileError, config_to_dict, read_config_file, write_effective_config
 from relax.cli.plot import add_plot_arguments, run_plot, write_run_plot
 from relax.cli.preflight import PreflightError, preflight
+from relax.cli.suggest import closest
 from relax.cli.validation import ConfigError, resolve_batch_shape, validate
 from relax.runtime.config import RunConfig
 
@@ -40,12 +41,16 @@ examples:
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    # allow_abbrev=False everywhere: `--num-roll 7` must not silently become --num-rollout 7
     parser = argparse.ArgumentParser(
-        prog="relax", description="relax: RL post-training of language models (one RL method = one class)."
+        prog="relax",
+        description="relax: RL post-training of language models (one RL method = one class).",
+        allow_abbrev=False,
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     train = commands.add_parser(
         "train",
+        allow_abbrev=False,
         help="train a policy",
         description=TRAIN_DESCRIPTION,
         formatter_class=HelpFormatter,
@@ -61,12 +66,14 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     )
     algorithms = commands.add_parser(
         "algorithms",
+        allow_abbrev=False,
         help="list the RL methods and their capabilities",
         description="List the registered RL methods and their capabilities, or show one of them.",
     )
     add_algorithms_arguments(algorithms)
     plot = commands.add_parser(
         "plot",
+        allow_abbrev=False,
         help="plot the reward curves of one or several runs",
         description="Per-component reward curves against step and wall time; several runs are overlaid.",
     )
@@ -74,9 +81,34 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     return parser, {"train": train, "algorithms": algorithms, "plot": plot}
 
 
+def unrecognized_message(extras: list[str], subparser: argparse.ArgumentParser) -> str:
+    """argparse's "unrecognized arguments" line, with a did-you-mean for each mistyped flag (the
+    same suggestion rule as a mistyped ``--config`` key)."""
+    flags = [o for action in subparser._actions for o in action.option_strings if o.startswith("--")]
+    hints = []
+    for extra in extras:
+        word = extra.split("=", 1)[0]
+        if word.startswith("-") and word not in flags:
+            close = closest(word, flags)
+            if close:
+                hints.append(f"{word}: did you mean {close}?")
+    message = f"unrecognized arguments: {' '.join(extras)}"
+    return message + ("".join(f"\n  {h}" for h in hints) if hints else "; see --help for the flags")
+
+
+def parse_command_line(argv: list[str], parser, subparsers) -> argparse.Namespace:
+    """``parser.parse_args(argv)``, but an unknown flag gets a did-you-mean (exit 2)."""
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        command_parser = subparsers.get(args.command, parser)
+        command_parser.error(unrecognized_message(extras, command_parser))
+    return args
+
+
 def prepare_train_config(argv: list[str], parser, train_parser) -> tuple[RunConfig, argparse.Namespace]:
     """Parse, merge ``--config``, build and validate; exits with status 2 on any error."""
-    args = parser.parse_args(argv)
+    subparsers = {"train": train_parser}
+    args = parse_command_line(argv, parser, subparsers)
     if args.config:
         try:
             file_values = read_config_file(args.config, train_parser)
@@ -85,7 +117,7 @@ def prepare_train_config(argv: list[str], parser, train_parser) -> tuple[RunConf
         # The file's values become defaults, so flags given on the command line win; the merged
         # result is validated below exactly like a command line.
         train_parser.set_defaults(**file_values)
-        args = parser.parse_args(argv)
+        args = parse_command_line(argv, parser, subparsers)
     try:
         config, algorithm = build_run_config(args)
         for warning in validate(config, algorithm):
@@ -201,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
             if previous is not None:
                 signal.signal(signal.SIGTERM, previous)
         return 0
-    args = parser.parse_args(argv)
+    args = parse_command_line(argv, parser, subparsers)
     if args.command == "plot":
         return run_plot(args, subparsers["plot"])
     if args.command == "algorithms":

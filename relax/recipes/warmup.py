@@ -119,7 +119,7 @@ def save_checkpoint(model: TinyCausalLM, path: Path, base_rates: dict[str, float
 
 
 def main(argv=None) -> dict[str, float]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--out", type=Path, default=CHECKPOINT, help="where to write the checkpoint")
     parser.add_argument("--seed", type=int, default=RECIPE["seed"])
     parser.add_argument("--steps", type=int, default=RECIPE["steps"])

@@ -69,7 +69,7 @@ def per_sample_advantages(name: str, config: AlgorithmConfig, rewards, group_ids
 
 
 def main(argv=None) -> dict[str, float]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--weights", type=float, nargs=3, default=[1.0, 1.0, 1.0], metavar="W",
                         help="reward weights for correctness, format, integer")
     parser.add_argument("--group-size", type=int, default=6)

@@ -104,7 +104,7 @@ def build_tiny_random_checkpoint(
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("directory")
     parser.add_argument("--family", choices=FAMILIES, default="qwen3")
     parser.add_argument("--seed", type=int, default=0)

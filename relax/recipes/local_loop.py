@@ -22,7 +22,7 @@ the prompt stream and the sampling generator are seeded with ``seed``, and with 
 kernels are deterministic, so the same arguments give bit-identical metrics (timings aside).
 
     from relax.rollout.tasks import get_task
-    from relax.runtime.local_loop import recipe_config, train_local
+    from relax.recipes.local_loop import recipe_config, train_local
 
     task = get_task("addition-brevity")
     config = recipe_config(task.reward_keys, reward_weights=(1, 1, 1, 1, 10))
@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 
 import torch
 
@@ -42,11 +42,12 @@ from relax.algorithms import AdvantageInputs, AlgorithmConfig, RLAlgorithm
 from relax.backends.torch_backend import TorchBackend
 from relax.models.batch import TokenBatch
 from relax.models.tiny.weights import load_warmup_model
-from relax.rollout.base import Prompt, SamplingParams
+from relax.rollout.base import SamplingParams
+from relax.rollout.sampling import sample_groups
 from relax.rollout.tasks import Task, get_task
 from relax.rollout.tasks.addition import greedy_accuracy
 from relax.rollout.tiny.engine import TinyEngine
-from relax.runtime.local_recipe import (
+from relax.recipes.local_recipe import (
     LocalRunResult,
     check_scales,
     check_shapes,
@@ -70,18 +71,6 @@ def _torch_threads(num_threads: int | None):
         yield
     finally:
         torch.set_num_threads(previous)
-
-
-def _sample_and_score(engine, task: Task, samples: Sequence[Prompt], params, generator, n_samples: int):
-    """``(generation, rewards [N, K_task] float64)`` for one rollout, columns in the task's order."""
-    gen = engine.generate([engine.tokenizer.encode(p.text) for p in samples], params, generator)
-    texts = engine.decode_responses(gen)
-    # sample_index gives identical completions within a group independent judge coins.
-    scored = [
-        task.reward_fn(p.text, c, p.label, {**p.metadata, "sample_index": i % n_samples})
-        for i, (p, c) in enumerate(zip(samples, texts))
-    ]
-    return gen, torch.tensor([[s[k] for k in task.reward_keys] for s in scored], dtype=torch.float64)
 
 
 def train_local(
@@ -158,8 +147,9 @@ def train_local(
         start = time.perf_counter()
         for step in range(1, steps + 1):
             t0 = time.perf_counter()
-            samples = [p for p in prompt_source.next_batch(prompts_per_step) for _ in range(n_samples)]
-            gen, all_rewards = _sample_and_score(engine, task, samples, params, generator, n_samples)
+            scored = sample_groups(engine, prompt_source.next_batch(prompts_per_step), n_samples, params,
+                                   generator=generator, reward_fn=task.reward_fn, reward_keys=components)
+            gen, all_rewards = scored.generation, scored.rewards
             raw = all_rewards[:, columns]
             rewards = (raw * scale_row).to(torch.float32) if scales else raw.to(torch.float32)
             t_rollout = time.perf_counter() - t0
@@ -171,11 +161,11 @@ def train_local(
             keep = (
                 algorithm.group_has_signal(rewards, group_ids)
                 if filter_groups
-                else torch.ones(len(samples), dtype=torch.bool)
+                else torch.ones(len(all_rewards), dtype=torch.bool)
             )
             record["response/tokens_mean"] = float(gen.batch.response_mask.sum(1).double().mean())
             record["kept_frac"] = float(keep.float().mean())
-            per_sample_advantage = torch.zeros(len(samples), dtype=torch.float64)
+            per_sample_advantage = torch.zeros(len(all_rewards), dtype=torch.float64)
             if keep.any():
                 train_metrics = _train_on_kept(
                     algorithm, backend, gen.batch, rewards, group_ids, keep, num_minibatches, per_sample_advantage

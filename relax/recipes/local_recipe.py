@@ -1,4 +1,4 @@
-"""The pieces of ``relax.runtime.local_loop.train_local`` that are not the loop: the recipe's
+"""The pieces of ``relax.recipes.local_loop.train_local`` that are not the loop: the recipe's
 algorithm configuration, the result type, and the checks of its arguments."""
 
 from __future__ import annotations

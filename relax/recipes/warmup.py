@@ -11,7 +11,7 @@ or the two swapped); stops with ``<eos>`` or never stops (p = 0.5: filled with r
 non-special tokens up to 8). Recipe: 400 steps, batch 64, AdamW lr 3e-3, cross-entropy on the
 response tokens only.
 
-``python -m relax.rollout.tiny.warmup --out relax/models/tiny/checkpoint/warmup.pt`` regenerates
+``python -m relax.recipes.warmup --out relax/models/tiny/checkpoint/warmup.pt`` regenerates
 the shipped checkpoint (deterministic: fixed seed, one thread) and prints its base rates;
 ``relax.models.tiny.weights.load_warmup_model()`` loads the shipped one.
 """

@@ -63,3 +63,13 @@ class GenerationEngine(abc.ABC):
     @abc.abstractmethod
     def load_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
         """Take the trainer's exported weights (``TrainingBackend.export_weights``)."""
+
+    def decode_responses(self, generation: Generation) -> list[str]:
+        """The completion text of every row: its real response tokens (an end-of-sequence token the
+        row stopped on is kept), decoded by the engine's tokenizer."""
+        batch = generation.batch
+        # Plain lists, not per-row tensor indexing (256 small tensor ops cost ~1 ms on 2 cores).
+        return [
+            self.tokenizer.decode([t for t, m in zip(ids, mask) if m])
+            for ids, mask in zip(batch.response_ids.tolist(), batch.response_mask.tolist())
+        ]

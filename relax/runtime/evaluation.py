@@ -30,7 +30,7 @@ import time
 import torch
 
 from relax.rollout.base import SamplingParams
-from relax.rollout.rewards import score
+from relax.rollout.sampling import sample_groups
 from relax.runtime.metrics import EVAL_COMPLETIONS_KEY, _jsonable
 from relax.runtime.waits import get
 
@@ -89,23 +89,13 @@ def sample_eval_slice(core, version: int) -> dict:
               "completions": [], "generate_s": 0.0}
     if not mine:
         return report
-    ids = [core.tokenizer.encode(p.text) for p in mine]
-    owner = [g for g in range(len(mine)) for _ in range(n)]
-    t0 = time.perf_counter()
-    gen = core.engine.generate([ids[g] for g in owner], eval_sampling_params(cfg),
-                               generator=eval_generator(cfg.seed, version, core.index))
-    report["generate_s"] = time.perf_counter() - t0
-    batch = gen.batch
-    completions = [
-        core.tokenizer.decode([t for t, m in zip(row, mask) if m])
-        for row, mask in zip(batch.response_ids.tolist(), batch.response_mask.tolist())
-    ]
-    texts = [mine[g].text for g in owner]
-    labels = [mine[g].label for g in owner]
-    meta = [{**mine[g].metadata, "sample_index": j % n} for j, g in enumerate(owner)]
-    rewards = score(core.reward_fn, texts, completions, labels, meta, keys, cfg.reward_concurrency)
-    report["rewards"] = rewards.reshape(rewards.shape[0], -1)
-    report["lengths"] = batch.response_mask.sum(1).tolist()
+    scored = sample_groups(core.engine, mine, n, eval_sampling_params(cfg),
+                           generator=eval_generator(cfg.seed, version, core.index), reward_fn=core.reward_fn,
+                           reward_keys=keys, concurrency=cfg.reward_concurrency)
+    texts, completions, labels = scored.texts, scored.completions, scored.labels
+    report["generate_s"] = scored.generate_s
+    report["rewards"] = scored.rewards
+    report["lengths"] = scored.batch.response_mask.sum(1).tolist()
     limit = min(-(-cfg.log_completions // core.num_workers), len(completions))  # --log-completions
     report["completions"] = [
         {"policy_version": int(version), "prompt": texts[i], "completion": completions[i],

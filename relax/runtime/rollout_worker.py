@@ -38,7 +38,8 @@ from relax.algorithms.types import check_normalized_rewards
 from relax.rollout import factory as rollout_factory
 from relax.rollout.base import SamplingParams
 from relax.rollout.hooks import FILTER_FLAG, POST_PROCESS_FLAG, call_keep_filter, call_post_process
-from relax.rollout.rewards import load_function, score
+from relax.rollout.rewards import load_function
+from relax.rollout.sampling import sample_groups
 from relax.runtime.evaluation import sample_eval_slice
 from relax.runtime.fields import AttachesDataPlane
 from relax.runtime.metrics import completion_records, response_stats
@@ -115,33 +116,15 @@ class RolloutCore:
     def _sample_round(self, step: int, round_index: int, needed: int) -> dict:
         """One sampling round: this worker's slice of a fresh prompt batch, generated, scored and
         filtered; at most ``needed`` groups are kept (the first ones)."""
-        n = self.config.algorithm.n_samples_per_prompt
         prompts = self._my_prompts()
-        ids = [self.tokenizer.encode(p.text) for p in prompts]
-        repeated = [ids[i] for i in range(len(prompts)) for _ in range(n)]
-        t1 = time.perf_counter()
-        gen = self.engine.generate(repeated, self.params, generator=self.generator)
-        t2 = time.perf_counter()
-        batch = gen.batch
-        # Plain lists, not per-row tensor indexing (256 small tensor ops cost ~1 ms on 2 cores).
-        completions = [
-            self.tokenizer.decode([t for t, m in zip(ids, mask) if m])
-            for ids, mask in zip(batch.response_ids.tolist(), batch.response_mask.tolist())
-        ]
-        local = torch.arange(len(prompts)).repeat_interleave(n)
-        texts = [prompts[g].text for g in local.tolist()]
-        labels = [prompts[g].label for g in local.tolist()]
-        meta = [{**prompts[g].metadata, "sample_index": j % n} for j, g in enumerate(local.tolist())]
-        rewards = score(self.reward_fn, texts, completions, labels, meta, self.reward_keys,
-                        self.config.reward_concurrency)
-        t3 = time.perf_counter()
+        scored = sample_groups(self.engine, prompts, self.config.algorithm.n_samples_per_prompt, self.params,
+                               generator=self.generator, reward_fn=self.reward_fn, reward_keys=self.reward_keys,
+                               concurrency=self.config.reward_concurrency)
+        rewards = scored.rewards
         # unique over the step's workers and rounds
-        group_ids = local + (round_index * self.num_workers + self.index) * len(prompts)
+        group_ids = scored.owner + (round_index * self.num_workers + self.index) * len(prompts)
         keep = filter_groups(self.algorithm, rewards, group_ids)
-        samples = [
-            {"prompt": texts[i], "completion": completions[i], "label": labels[i], "metadata": meta[i]}
-            for i in range(len(texts))
-        ]
+        samples = scored.samples()
         if self.keep_filter is not None:
             keep = call_keep_filter(self.keep_filter, self.config.dynamic_sampling_filter_path, step,
                                     rewards, group_ids, samples, keep)
@@ -149,9 +132,9 @@ class RolloutCore:
         if kept_groups.numel() > needed:  # the share is full: later groups are not trained
             keep = keep & torch.isin(group_ids, kept_groups[:needed])
         return {
-            "gen": gen, "texts": texts, "completions": completions, "labels": labels, "samples": samples,
-            "rewards": rewards, "group_ids": group_ids, "keep": keep, "generate_s": t2 - t1,
-            "reward_s": t3 - t2,
+            "gen": scored.generation, "texts": scored.texts, "completions": scored.completions,
+            "labels": scored.labels, "samples": samples, "rewards": rewards, "group_ids": group_ids, "keep": keep,
+            "generate_s": scored.generate_s, "reward_s": scored.reward_s,
         }
 
     def _reward_stage(self, step: int, rewards: torch.Tensor, group_ids: torch.Tensor, samples: list) -> torch.Tensor:

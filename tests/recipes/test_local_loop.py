@@ -1,4 +1,4 @@
-"""relax.runtime.local_loop: determinism, validation, diagnostics, and the bare_loop wrapper."""
+"""relax.recipes.local_loop: determinism, validation, diagnostics, and the bare_loop wrapper."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from relax.rollout.tasks import get_task
-from relax.runtime.local_loop import TIMING_PREFIX, recipe_config, train_local
+from relax.recipes.local_loop import TIMING_PREFIX, recipe_config, train_local
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 5

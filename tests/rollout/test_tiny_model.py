@@ -13,7 +13,7 @@ from relax.rollout.tiny.engine import TinyEngine, left_pad, sampling_log_probs
 from relax.models.tiny.model import KVCache, TinyCausalLM, TinyLMConfig
 from relax.models.tiny.tokenizer import TinyTokenizer
 from relax.models.tiny.weights import CHECKPOINT, load_warmup_model, warmup_base_rates
-from relax.rollout.tiny.warmup import measure_base_rates, train_warmup
+from relax.recipes.warmup import measure_base_rates, train_warmup
 
 TOK = TinyTokenizer()
 
@@ -210,5 +210,5 @@ def test_warmup_is_deterministic():
 
 
 def test_missing_checkpoint_error(tmp_path: Path):
-    with pytest.raises(FileNotFoundError, match="python -m relax.rollout.tiny.warmup"):
+    with pytest.raises(FileNotFoundError, match="python -m relax.recipes.warmup"):
         load_warmup_model(tmp_path / "nope.pt")

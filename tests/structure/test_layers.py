@@ -24,6 +24,8 @@ ALLOWED = {
     "backends": {"algorithms", "models", "backends", "importing"},
     "runtime": {"algorithms", "models", "rollout", "backends", "runtime", "importing"},
     "cli": {"algorithms", "models", "rollout", "backends", "runtime", "cli", "importing"},
+    # runnable recipes (the single-process loop, the tiny model's warm-up) sit on top, beside cli
+    "recipes": {"config", "algorithms", "models", "rollout", "backends", "runtime", "recipes", "importing"},
 }
 
 

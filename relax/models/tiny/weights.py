@@ -1,4 +1,4 @@
-"""The shipped warm-up checkpoint of the built-in ``TinyCausalLM`` (made by ``relax.rollout.tiny.warmup``).
+"""The shipped warm-up checkpoint of the built-in ``TinyCausalLM`` (made by ``relax.recipes.warmup``).
 
 Both the rollout engine and the trainer start from it, each loading it itself, so no weights are
 sent around at start-up.
@@ -20,7 +20,7 @@ def load_warmup_model(path: str | Path | None = None) -> TinyCausalLM:
     path = Path(path) if path is not None else CHECKPOINT
     if not path.exists():
         raise FileNotFoundError(
-            f"no warm-up checkpoint at {path}; regenerate it with python -m relax.rollout.tiny.warmup --out {path}"
+            f"no warm-up checkpoint at {path}; regenerate it with python -m relax.recipes.warmup --out {path}"
         )
     ckpt = torch.load(path, map_location="cpu", weights_only=True)
     model = TinyCausalLM(TinyLMConfig(**ckpt["config"]))

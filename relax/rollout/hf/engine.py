@@ -181,13 +181,6 @@ class HFEngine(GenerationEngine):
         )
         return Generation(batch=batch, log_probs=log_probs[:, :longest].cpu())
 
-    def decode_responses(self, generation: Generation) -> list[str]:
-        """The completion text of every row (real tokens only, special tokens such as EOS kept)."""
-        b = generation.batch
-        return [
-            self.tokenizer.decode(ids[mask].tolist()) for ids, mask in zip(b.response_ids, b.response_mask)
-        ]
-
     @torch.no_grad()
     def load_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
         """Copy the trainer's weights (HF ``state_dict`` names) into the model, casting dtype/device."""

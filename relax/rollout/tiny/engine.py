@@ -103,12 +103,5 @@ class TinyEngine(GenerationEngine):
         )
         return Generation(batch=batch, log_probs=torch.stack(token_lps, dim=1).float())
 
-    def decode_responses(self, generation: Generation) -> list[str]:
-        """The completion text of every row (real tokens only; ``<eos>`` kept when the row stopped)."""
-        batch = generation.batch
-        return [
-            self.tokenizer.decode(ids[mask].tolist()) for ids, mask in zip(batch.response_ids, batch.response_mask)
-        ]
-
     def load_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
         self.model.load_state_dict(dict(weights), strict=True)

@@ -329,9 +329,4 @@ def _slices(n: int, micro_batch_size: int | None) -> list[slice]:
 def _to_device(batch: TokenBatch, device: torch.device) -> TokenBatch:
     if batch.prompt_ids.device == device:
         return batch
-    return TokenBatch(
-        prompt_ids=batch.prompt_ids.to(device),
-        prompt_mask=batch.prompt_mask.to(device),
-        response_ids=batch.response_ids.to(device),
-        response_mask=batch.response_mask.to(device),
-    )
+    return batch.to(device)  # the multi-turn attention mask travels too

@@ -4,6 +4,12 @@ Layout of a batch (``TokenBatch``): prompts are *left*-padded to width P and res
 to width T, so every response starts at column P and per-token tensors of the algorithm layer are
 ``[N, T]`` aligned with ``response_ids``. The log-prob of response token t is read from the logits at
 column ``P + t - 1``.
+
+Multi-turn episodes (``relax.rollout.environments``) put the environment's turns inside the
+response: those tokens are attended to but are not the model's, so they get no gradient and count in
+no denominator. ``response_mask`` is therefore always the *loss* mask (True = a token the policy
+sampled), and ``response_attention_mask`` says which response columns are real tokens (model or
+environment). It is None for single-turn batches, where both masks are the same tensor.
 """
 
 from __future__ import annotations
@@ -20,7 +26,9 @@ class TokenBatch:
     prompt_ids: torch.Tensor  # [N, P] int64, left-padded
     prompt_mask: torch.Tensor  # [N, P] bool
     response_ids: torch.Tensor  # [N, T] int64, right-padded
-    response_mask: torch.Tensor  # [N, T] bool
+    response_mask: torch.Tensor  # [N, T] bool: the loss mask (tokens the policy sampled)
+    # [N, T] bool: real response tokens, the environment's included; None = response_mask
+    response_attention_mask: torch.Tensor | None = None
 
     def __attrs_post_init__(self):
         n = self.prompt_ids.shape[0]
@@ -28,6 +36,12 @@ class TokenBatch:
             raise ValueError("each mask must have the shape of its ids")
         if self.response_ids.shape[0] != n:
             raise ValueError(f"prompt rows ({n}) != response rows ({self.response_ids.shape[0]})")
+        attended = self.response_attention_mask
+        if attended is not None:
+            if attended.shape != self.response_ids.shape:
+                raise ValueError("response_attention_mask must have the shape of response_ids")
+            if bool((self.response_mask.bool() & ~attended.bool()).any()):
+                raise ValueError("every token in response_mask (the loss mask) must be in response_attention_mask")
 
     def __len__(self) -> int:
         return self.prompt_ids.shape[0]
@@ -41,8 +55,13 @@ class TokenBatch:
         return torch.cat([self.prompt_ids, self.response_ids], dim=1)
 
     @property
+    def response_attended(self) -> torch.Tensor:
+        """``[N, T]`` bool: the response columns that hold a real token (model or environment)."""
+        return self.response_mask if self.response_attention_mask is None else self.response_attention_mask
+
+    @property
     def attention_mask(self) -> torch.Tensor:
-        return torch.cat([self.prompt_mask, self.response_mask], dim=1)
+        return torch.cat([self.prompt_mask, self.response_attended], dim=1)
 
     @property
     def position_ids(self) -> torch.Tensor:
@@ -55,7 +74,21 @@ class TokenBatch:
             prompt_mask=self.prompt_mask[rows],
             response_ids=self.response_ids[rows],
             response_mask=self.response_mask[rows],
+            response_attention_mask=_apply(self.response_attention_mask, lambda m: m[rows]),
         )
+
+    def to(self, device: torch.device | str) -> "TokenBatch":
+        return TokenBatch(
+            prompt_ids=self.prompt_ids.to(device),
+            prompt_mask=self.prompt_mask.to(device),
+            response_ids=self.response_ids.to(device),
+            response_mask=self.response_mask.to(device),
+            response_attention_mask=_apply(self.response_attention_mask, lambda m: m.to(device)),
+        )
+
+
+def _apply(mask: torch.Tensor | None, fn) -> torch.Tensor | None:
+    return None if mask is None else fn(mask)
 
 
 @attrs.frozen

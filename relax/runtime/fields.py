@@ -6,14 +6,24 @@ from __future__ import annotations
 from relax.models.batch import TokenBatch
 
 BATCH_FIELDS = ("prompt_ids", "prompt_mask", "response_ids", "response_mask")
+# Written only by multi-turn rollouts (--env-path): which response tokens are real (the
+# environment's turns included); response_mask stays the loss mask (relax.models.batch).
+ATTENTION_FIELD = "response_attention_mask"
+
+
+def batch_fields(multi_turn: bool) -> tuple[str, ...]:
+    """The fields of a sample's ``TokenBatch`` on the data plane."""
+    return BATCH_FIELDS + ((ATTENTION_FIELD,) if multi_turn else ())
 
 
 def token_batch(fields) -> TokenBatch:
+    attended = fields.get(ATTENTION_FIELD)
     return TokenBatch(
         prompt_ids=fields["prompt_ids"].long(),
         prompt_mask=fields["prompt_mask"].bool(),
         response_ids=fields["response_ids"].long(),
         response_mask=fields["response_mask"].bool(),
+        response_attention_mask=None if attended is None else attended.bool(),
     )
 
 

@@ -1,9 +1,10 @@
 """The package layers import only downward (docs/design.md, "Layers"):
 
-    algorithms -> models -> rollout | backends -> runtime -> cli
+    config -> algorithms -> models -> rollout | backends -> runtime -> cli
 
-rollout and backends sit side by side and never import each other. ``relax.importing`` (the one
-``module:attr`` loader) is below everything. Function-local imports count too: a lazy import up a
+``config`` (the run's settings and the shared hyper-parameters, with their flags and rules) is the
+bottom: every layer that reads a setting imports its type. rollout and backends sit side by side and
+never import each other. ``relax.importing`` (the one ``module:attr`` loader) is below everything. Function-local imports count too: a lazy import up a
 layer is still a dependency up a layer.
 """
 
@@ -18,14 +19,18 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2] / "relax"
 
 ALLOWED = {
-    "algorithms": {"algorithms", "importing"},
-    "models": {"algorithms", "models", "importing"},
-    "rollout": {"algorithms", "models", "rollout", "importing"},
-    "backends": {"algorithms", "models", "backends", "importing"},
-    "runtime": {"algorithms", "models", "rollout", "backends", "runtime", "importing"},
-    "cli": {"algorithms", "models", "rollout", "backends", "runtime", "cli", "importing"},
+    "config": {"config"},
+    "algorithms": {"config", "algorithms", "importing"},
+    "models": {"config", "algorithms", "models", "importing"},
+    "rollout": {"config", "algorithms", "models", "rollout", "importing"},
+    "backends": {"config", "algorithms", "models", "backends", "importing"},
+    "runtime": {"config", "algorithms", "models", "rollout", "backends", "runtime", "importing"},
+    "cli": {"config", "algorithms", "models", "rollout", "backends", "runtime", "cli", "importing"},
     # runnable recipes (the single-process loop, the tiny model's warm-up) sit on top, beside cli
     "recipes": {"config", "algorithms", "models", "rollout", "backends", "runtime", "recipes", "importing"},
+    # ready-made reward functions (--custom-rm-path relax.rewards.math:score): user-level code that
+    # stands on the reward contract alone and imports no other layer
+    "rewards": {"rewards", "importing"},
 }
 
 

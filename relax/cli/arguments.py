@@ -17,9 +17,11 @@ from collections.abc import Iterator
 
 import attrs
 
+from relax.algorithms import algorithm_names
 from relax.algorithms.config import GDPO_GROUP, AlgorithmConfig
 from relax.algorithms.flags import flag_default, flag_of, option_strings
-from relax.runtime.config import RunConfig
+from relax.backends.registry import backend_names
+from relax.config.run import RunConfig
 
 CONFIG_FILE_GROUP = "configuration file"
 
@@ -40,6 +42,7 @@ GROUPS = (
     ),
     ("optimization", None),
     ("sampling", None),
+    ("multi-turn", "Episodes of model and environment turns (docs/en/multi-turn.md)."),
     ("model and data", None),
     ("placement and backends", None),
     (
@@ -57,6 +60,26 @@ GROUPS = (
     (CONFIG_FILE_GROUP, None),
     (GDPO_GROUP, None),
 )
+
+
+def known_algorithm_spec(text) -> str:
+    """A registered algorithm name or a dotted path ``package.module:ClassName`` (loaded later)."""
+    text = str(text)
+    if text in algorithm_names() or ":" in text:
+        return text
+    raise argparse.ArgumentTypeError(
+        f"unknown advantage estimator {text!r}; choose one of {', '.join(algorithm_names())} or give "
+        "a dotted path 'package.module:ClassName' to your own RLAlgorithm subclass"
+    )
+
+
+def _registered_options() -> dict[str, dict]:
+    """What a field cannot say because its values are registered above the configuration layer:
+    the method names of ``--advantage-estimator`` and the backends of ``--backend``."""
+    return {
+        "advantage_estimator": {"type": known_algorithm_spec},
+        "backend": {"choices": backend_names()},
+    }
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -83,6 +106,7 @@ def _add_flag(group: argparse._ArgumentGroup, field: attrs.Attribute) -> None:
         options = {"action": "store_false" if field.default else "store_true"}
     else:
         options = {"type": spec.type, "choices": spec.choices, "metavar": spec.metavar, "nargs": spec.nargs}
+        options.update(_registered_options().get(field.name, {}))
     group.add_argument(
         *option_strings(field), dest=field.name, default=flag_default(field), help=spec.help, **options
     )

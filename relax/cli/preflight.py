@@ -105,6 +105,25 @@ def check_load(config: RunConfig, algorithm) -> None:
         ) from None
 
 
+def check_resume_metrics(config: RunConfig, warnings: list[str]) -> None:
+    """``--load`` of a run directory: its ``metrics.jsonl`` is read as the resumed run will read it (a
+    partial last line is dropped with a warning; other damage names the file and the line)."""
+    if not config.load:
+        return
+    from relax.runtime.metrics import MetricsFileError, read_metrics
+    from relax.runtime.run_dir import run_of_checkpoint
+
+    owner = run_of_checkpoint(config.load)
+    if owner is None or not (owner / "metrics.jsonl").is_file():
+        return
+    try:
+        _, warning = read_metrics(owner / "metrics.jsonl")
+    except (MetricsFileError, OSError) as exc:
+        raise PreflightError(f"--load {config.load}: {_first_line(exc)}") from None
+    if warning:
+        warnings.append(f"--load {config.load}: {warning}")
+
+
 # -- model and tokenizer ---------------------------------------------------------------------------
 
 
@@ -335,6 +354,7 @@ def preflight(config: RunConfig, algorithm) -> list[str]:
     check_algorithm(config, algorithm)
     check_output(config)
     check_load(config, algorithm)
+    check_resume_metrics(config, warnings)
     for path, flag in ((config.hf_checkpoint, "--hf-checkpoint"), (config.ref_load, "--ref-load")):
         if path and (flag == "--hf-checkpoint" or config.hf_checkpoint):
             check_hf_dir(path, flag)

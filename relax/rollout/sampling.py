@@ -10,7 +10,7 @@ identical completions of one group independent judge coins.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -33,6 +33,9 @@ class ScoredGroups:
     rewards: torch.Tensor  # float64 [N, K], columns in reward_keys order
     generate_s: float
     reward_s: float
+    # Multi-turn rounds only (relax.rollout.environments): episode, turn, tool-call, token and
+    # environment-time totals for the rollout/turns_mean etc. metrics; empty for single-turn rounds.
+    episode_stats: Mapping[str, float] = attrs.field(factory=dict)
 
     @property
     def batch(self):
@@ -56,8 +59,16 @@ def sample_groups(
     reward_fn,
     reward_keys: Sequence[str],
     concurrency: int = 1,
+    episodes=None,
 ) -> ScoredGroups:
-    """Sample ``n`` completions for each prompt with ``engine`` and score them with ``reward_fn``."""
+    """Sample ``n`` completions for each prompt with ``engine`` and score them with ``reward_fn``.
+
+    With ``episodes`` (an ``relax.rollout.environments.EpisodeRunner``, ``--env-path``) each sample
+    is a multi-turn episode instead, scored by its environment's rewards (``reward_fn`` unused)."""
+    # -- multi-turn (--env-path): the turn loop returns the same ScoredGroups --
+    if episodes is not None:
+        return episodes.sample(engine, prompts, n, params, generator=generator, reward_keys=reward_keys)
+    # -- end multi-turn --
     ids = [engine.tokenizer.encode(p.text) for p in prompts]
     owner = torch.arange(len(prompts)).repeat_interleave(n)
     rows = owner.tolist()

@@ -7,12 +7,16 @@ that ``--load`` can refuse a run it cannot continue before any worker starts.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
+import shutil
 from pathlib import Path
 
 import torch
 
 from relax.backends.registry import checkpoint_backend
+from relax.runtime.run_errors import RunFailed
 
 
 def checkpoint_path(out: Path, step: int) -> Path:
@@ -181,10 +185,9 @@ def save_checkpoint(runtime, out: Path, step: int, timeout: float | None = None)
              "advantage_estimator": runtime.config.advantage_estimator, "backend": runtime.config.backend,
              "algorithm": algorithm_settings(runtime.config)}  # compared on resume (check_checkpoint)
     path = checkpoint_path(out, step)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)  # a crash mid-write never leaves a truncated checkpoint behind
+    with _one_line_on_failure(out, step, path.parent):  # a full disk: no partial files, no pruning after it
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _write_state(state, path)
     if runtime.config.hf_checkpoint:
         from relax.models.hf.checkpoint import export_hf_checkpoint
 
@@ -193,6 +196,71 @@ def save_checkpoint(runtime, out: Path, step: int, timeout: float | None = None)
     if keep:
         prune_checkpoints(out, keep)
     return path
+
+
+def _write_state(state: dict, path: Path) -> None:
+    """``torch.save`` to ``path`` through a temporary file renamed into place: a crash mid-write never
+    leaves a truncated checkpoint, and a failed write leaves no temporary file. (Through a Python
+    file object, so that a full disk's ``OSError`` is kept as the cause of torch's RuntimeError.)"""
+    tmp = path.with_suffix(".tmp")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(state, f)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+class CheckpointSaveError(RunFailed):
+    """A checkpoint could not be written (full disk, I/O error); names the step, the path and the last
+    good checkpoint."""
+
+
+@contextlib.contextmanager
+def _one_line_on_failure(out: Path, step: int, where: Path):
+    """A failure inside becomes ``CheckpointSaveError``; ``where`` is removed if this block created it."""
+    created = not where.exists()
+    try:
+        yield
+    except Exception as exc:  # noqa: BLE001 - a full disk surfaces as OSError or torch's RuntimeError
+        if created:
+            shutil.rmtree(where, ignore_errors=True)
+        raise save_failed(out, step, where, exc) from exc
+
+
+def _os_error(exc: BaseException | None) -> OSError | None:
+    """The ``OSError`` in ``exc``'s chain (torch reports a failed write as a RuntimeError)."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, OSError):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def last_good_checkpoint(out: Path, but: Path | None = None) -> Path | None:
+    """The newest complete ``checkpoints/step_*`` directory of ``out`` (other than ``but``)."""
+    steps = [p for p in (Path(out) / "checkpoints").glob("step_*") if (p / "state.pt").is_file() and p != but]
+    return max(steps, key=lambda p: ((p / "state.pt").stat().st_mtime_ns, p.name), default=None)
+
+
+def save_failed(out: Path, step: int, where: Path, exc: BaseException) -> CheckpointSaveError:
+    """The one-line error of a checkpoint of ``step`` that could not be written to ``where``."""
+    os_error = _os_error(exc)
+    if os_error is not None:
+        reason = os_error.strerror or str(os_error)
+        if os_error.errno in (errno.ENOSPC, errno.EDQUOT):
+            with contextlib.suppress(OSError):
+                reason += f" ({shutil.disk_usage(Path(out)).free / 2**20:.1f} MiB free)"
+            reason += "; free space or pass another --output-dir"
+    else:
+        reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'no details'}"
+    good = last_good_checkpoint(out, but=where)
+    last = (f"the last good checkpoint is {good} (resume with --load {good})" if good is not None
+            else "no earlier checkpoint was written")
+    return CheckpointSaveError(f"saving the checkpoint of step {step} to {where} failed: {reason}; its partial "
+                               f"files were removed and {last}")
 
 
 def prune_checkpoints(out: Path, keep: int) -> list[Path]:

@@ -33,7 +33,7 @@ from relax.runtime.console import log
 from relax.runtime.evaluation import Evaluation
 from relax.runtime.metrics import MetricsLog, progress_line, summary_table
 from relax.runtime.pipeline import Pipeline
-from relax.runtime.run_dir import lock_run_dir
+from relax.runtime.run_dir import lock_run_dir, run_of_checkpoint
 from relax.runtime.run_errors import nothing_trained, skipped_step_warning
 from relax.runtime.trackers import Trackers
 from relax.runtime.validation import validate
@@ -135,11 +135,13 @@ def run(config) -> RunSummary:
         for warning in check_checkpoint(config, state, config.load, has_critic=R.CRITIC in layout):
             log(f"relax: warning: {warning}")  # hyper-parameters changed on resume (allowed)
         start_step = int(state["step"])
-        old_metrics = ckpt.parents[2] / "metrics.jsonl"
+        owner = run_of_checkpoint(config.load)  # the run directory the checkpoint belongs to, if any
+        old_metrics = owner / "metrics.jsonl" if owner is not None else None
         new_metrics = out / "metrics.jsonl"
-        if old_metrics.exists() and old_metrics.resolve() != new_metrics.resolve():
-            new_metrics.write_text(old_metrics.read_text())
-    metrics_log = MetricsLog(out / "metrics.jsonl", resume_after_step=start_step if state else None)
+        if old_metrics is not None and old_metrics.exists() and old_metrics.resolve() != new_metrics.resolve():
+            new_metrics.write_bytes(old_metrics.read_bytes())
+    metrics_log = MetricsLog(out / "metrics.jsonl", resume_after_step=start_step if state else None,
+                             warn=lambda message: log(f"relax: warning: {message}"))
     trackers = Trackers(config, out, resume_after_step=start_step if state else None)  # TensorBoard, W&B
 
     log(f"relax: {config.advantage_estimator} ({algorithm_cls.__module__}.{algorithm_cls.__qualname__}); "

@@ -32,6 +32,8 @@ class Task:
     max_new_tokens: int = addition.MAX_NEW_TOKENS
     # The evaluation set: problems the training stream never draws (None: the task has none).
     held_out: Callable[[], list] | None = None
+    # A multi-turn task's environment class (relax.rollout.environments); None: single-turn.
+    make_env: Callable[[], object] | None = None
 
 
 def _addition_task(name: str, components: tuple[str, ...], description: str) -> Task:

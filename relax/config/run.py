@@ -1,54 +1,40 @@
 """``RunConfig``: everything ``relax train`` needs besides the algorithm hyper-parameters.
 
 Field names equal the command-line flags (``--rollout-batch-size`` -> ``rollout_batch_size``), and
-each field declares its flag in ``metadata=flag(...)`` (``relax.algorithms.flags``), from which the
-``relax train`` parser is generated. The CLI builds and validates a ``RunConfig``; the runtime only
+each field declares its flag and rule in ``metadata=flag(...)`` (``relax.config.fields``), from which
+the ``relax train`` parser is generated. The CLI builds and validates a ``RunConfig``; the runtime only
 reads it. It is plain data (attrs, frozen) so it pickles to every Ray process.
+
+A ``RunConfig`` is not checked when it is built: ``relax.runtime.validation`` applies the fields'
+rules (with the cross-field ones) and reports every problem at once, naming the flags, for
+``relax train`` and ``run(config)`` alike. The lower layers take it as ``config: RunConfig``.
 """
 
 from __future__ import annotations
 
-import argparse
 import re
 import time
 from pathlib import Path
 
 import attrs
 
-from relax.algorithms import algorithm_names
-from relax.algorithms.config import AlgorithmConfig
-from relax.algorithms.flags import (
-    finite_float,
+from relax.algorithms.config import AlgorithmConfig  # moves to relax.config.algorithm next
+from relax.config.fields import (
+    FINITE,
+    INTEGER,
+    NON_NEGATIVE,
+    NON_NEGATIVE_INT,
+    POSITIVE,
+    POSITIVE_INT,
+    REWARD_KEY,
+    OneOf,
+    Range,
+    Text,
     flag,
-    integer,
-    non_negative_float,
-    non_negative_int,
-    open_unit_interval,
-    positive_float,
-    positive_int,
-    reward_key_name,
 )
-from relax.backends.registry import backend_names
 
 DEFAULT_OUTPUT_ROOT = "outputs"
-
-
-def known_algorithm_spec(text) -> str:
-    """A registered algorithm name or a dotted path ``package.module:ClassName`` (loaded later)."""
-    text = str(text)
-    if text in algorithm_names() or ":" in text:
-        return text
-    raise argparse.ArgumentTypeError(
-        f"unknown advantage estimator {text!r}; choose one of {', '.join(algorithm_names())} or give "
-        "a dotted path 'package.module:ClassName' to your own RLAlgorithm subclass"
-    )
-
-
-def half_open_unit_interval(text) -> float:
-    value = non_negative_float(text)
-    if value >= 1:
-        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {text!r}")
-    return value
+LR_DECAY_STYLES = ("constant", "linear", "cosine")  # relax.backends.optim implements each
 
 
 def _hook_flag(help: str) -> dict:
@@ -58,66 +44,67 @@ def _hook_flag(help: str) -> dict:
 @attrs.frozen(kw_only=True)
 class RunConfig:
     # -- algorithm --
+    # The CLI checks the name against the registry (relax.cli.arguments); here it is any non-empty spec.
     advantage_estimator: str = attrs.field(default="grpo", metadata=flag(
-        f"RL method: one of {', '.join(algorithm_names())} (see `relax algorithms`), or a dotted path "
+        "RL method: a registered name (`relax algorithms` lists them) or a dotted path "
         "'package.module:ClassName' to your own RLAlgorithm subclass",
-        group="algorithm", type=known_algorithm_spec, metavar="NAME|MODULE:CLASS"))
-    # its fields' flags are declared on AlgorithmConfig
+        group="algorithm", check=Text("an algorithm spec"), metavar="NAME|MODULE:CLASS"))
+    # its fields' flags are declared on AlgorithmConfig and on the method's own Config (a subclass)
     algorithm: AlgorithmConfig = attrs.field(factory=AlgorithmConfig)
     reward_key: str | None = attrs.field(default=None, metadata=flag(
         "the component shown as the run's reward (one of --reward-keys): first in the --no-progress summary "
         "line and the end-of-run table, the only one in the progress bar (default: every component)",
-        group="rewards", type=reward_key_name))
+        group="rewards", check=REWARD_KEY))
     # -- batch shape / schedule --
     # 450 rollouts: ~75 s wall on 2 cores; on the built-in task (GRPO) correct 0.20 -> 0.72, held-out 0.15 -> 0.90
     num_rollout: int = attrs.field(default=450, metadata=flag(
-        "training steps (one rollout each)", group="batch shape", type=positive_int))
+        "training steps (one rollout each)", group="batch shape", check=POSITIVE_INT))
     rollout_batch_size: int = attrs.field(default=32, metadata=flag(
-        "prompts per rollout", group="batch shape", type=positive_int))
+        "prompts per rollout", group="batch shape", check=POSITIVE_INT))
     global_batch_size: int | None = attrs.field(default=None, metadata=flag(
-        "samples per optimizer step (default: derived, see above)", group="batch shape", type=positive_int))
+        "samples per optimizer step (default: derived, see above)", group="batch shape", check=POSITIVE_INT))
     num_steps_per_rollout: int | None = attrs.field(default=None, metadata=flag(
-        "optimizer steps per rollout (default: derived, see above)", group="batch shape", type=positive_int))
+        "optimizer steps per rollout (default: derived, see above)", group="batch shape", check=POSITIVE_INT))
     micro_batch_size: int | None = attrs.field(default=None, metadata=flag(
         "samples per forward/backward on one worker (default: the worker's whole mini-batch)",
-        group="batch shape", type=positive_int))
+        group="batch shape", check=POSITIVE_INT))
     # -- optimization --
     lr: float = attrs.field(default=3e-4, metadata=flag(
-        "actor learning rate", group="optimization", type=positive_float))
+        "actor learning rate", group="optimization", check=POSITIVE))
     critic_lr: float = attrs.field(default=1e-3, metadata=flag(
-        "critic learning rate (critic methods only)", group="optimization", type=positive_float))
+        "critic learning rate (critic methods only)", group="optimization", check=POSITIVE))
     clip_grad: float = attrs.field(default=1.0, metadata=flag(
-        "gradient-norm clip (0 disables)", group="optimization", type=non_negative_float))
+        "gradient-norm clip (0 disables)", group="optimization", check=NON_NEGATIVE))
     lr_warmup_steps: int = attrs.field(default=0, metadata=flag(
         "linear learning-rate warm-up over this many optimizer steps (actor and critic)", group="optimization",
-        type=non_negative_int))
+        check=NON_NEGATIVE_INT))
     lr_decay_style: str = attrs.field(default="constant", metadata=flag(
         "learning-rate decay after the warm-up, down to --min-lr at the run's last optimizer step "
         "(--num-rollout x optimizer steps per rollout)", group="optimization",
-        choices=("constant", "linear", "cosine")))
+        check=OneOf(LR_DECAY_STYLES)))
     min_lr: float = attrs.field(default=0.0, metadata=flag(
         "floor of the linear / cosine decay (the critic's floor is the same fraction of --critic-lr)",
-        group="optimization", type=non_negative_float))
+        group="optimization", check=NON_NEGATIVE))
     weight_decay: float = attrs.field(default=0.0, metadata=flag(
         "decoupled (AdamW) weight decay; biases and norm scales (every 1-D parameter) are exempt",
-        group="optimization", type=non_negative_float))
+        group="optimization", check=NON_NEGATIVE))
     adam_beta1: float = attrs.field(default=0.9, metadata=flag(
-        "Adam beta1", group="optimization", type=half_open_unit_interval))
+        "Adam beta1", group="optimization", check=Range(ge=0, lt=1)))
     adam_beta2: float = attrs.field(default=0.999, metadata=flag(
-        "Adam beta2", group="optimization", type=half_open_unit_interval))
+        "Adam beta2", group="optimization", check=Range(ge=0, lt=1)))
     adam_eps: float = attrs.field(default=1e-8, metadata=flag(
-        "Adam epsilon", group="optimization", type=positive_float))
+        "Adam epsilon", group="optimization", check=POSITIVE))
     value_clip: float = attrs.field(default=0.2, metadata=flag(
-        "critic value clip range (critic methods only)", group="algorithm", type=non_negative_float))
+        "critic value clip range (critic methods only)", group="algorithm", check=NON_NEGATIVE))
     seed: int = attrs.field(default=1234, metadata=flag(
-        "random seed (sampling, initialization, prompt order)", group="optimization", type=integer))
+        "random seed (sampling, initialization, prompt order)", group="optimization", check=INTEGER))
     # -- sampling --
     rollout_temperature: float = attrs.field(default=1.0, metadata=flag(
-        "sampling temperature", group="sampling", type=positive_float))
+        "sampling temperature", group="sampling", check=POSITIVE))
     rollout_top_p: float = attrs.field(default=1.0, metadata=flag(
-        "nucleus sampling threshold", group="sampling", type=open_unit_interval))
+        "nucleus sampling threshold", group="sampling", check=Range(gt=0, le=1)))
     rollout_max_response_len: int = attrs.field(default=8, metadata=flag(
-        "maximum generated tokens per sample", group="sampling", type=positive_int))
+        "maximum generated tokens per sample", group="sampling", check=POSITIVE_INT))
     # -- model and data --
     task: str = attrs.field(default="addition", metadata=flag(
         "built-in task (prompts, labels and reward function) used when no --prompt-data is given",
@@ -144,56 +131,69 @@ class RunConfig:
     prompt_suffix: str | None = attrs.field(default=None, metadata=flag(
         "text appended to every prompt", group="model and data"))
     max_prompt_len: int | None = attrs.field(default=None, metadata=flag(
-        "drop prompts longer than this many tokens", group="model and data", type=positive_int))
+        "drop prompts longer than this many tokens", group="model and data", check=POSITIVE_INT))
     # -- hooks --
     custom_rm_path: str | None = attrs.field(default=None, metadata=_hook_flag(
         "your reward function fn(prompt, completion, label, metadata) -> number or {key: number} "
         "(sync or async)"))
     reward_timeout: float | None = attrs.field(default=None, metadata=flag(
         "fail the run when one reward call takes longer than this many seconds, naming the function "
-        "and the sample (default: no limit)", group="rewards", type=positive_float, metavar="SECONDS"))
+        "and the sample (default: no limit)", group="rewards", check=POSITIVE, metavar="SECONDS"))
     reward_concurrency: int = attrs.field(default=1, metadata=flag(
         "reward calls of a plain (not async) --custom-rm-path function that run at once, in threads "
         "(async functions are always gathered); results stay in sample order", group="rewards",
-        type=positive_int))
+        check=POSITIVE_INT))
     custom_reward_post_process_path: str | None = attrs.field(default=None, metadata=_hook_flag(
         "post_process(rewards, group_ids, samples) -> float32 [N]: replaces the algorithm's reward "
         "normalization in the rollout worker (rejected where the method forbids it; docs/en/hooks.md)"))
     dynamic_sampling_filter_path: str | None = attrs.field(default=None, metadata=_hook_flag(
         "keep_filter(rewards, group_ids, samples, keep) -> bool [N]: which prompt groups the rollout "
         "keeps, given the algorithm's own verdict keep (whole groups; docs/en/hooks.md)"))
+    # -- multi-turn episodes (relax.rollout.environments) --
+    env_path: str | None = attrs.field(default=None, metadata=flag(
+        "your environment class (relax.rollout.Environment: reset(sample), step(completion) -> EnvStep): "
+        "every sample becomes a multi-turn episode scored by the environment's reward components "
+        "(docs/en/multi-turn.md)", group="multi-turn", metavar="MODULE:CLASS"))
+    max_turns: int = attrs.field(default=4, metadata=flag(
+        "most model turns per episode (with --env-path or a task that has an environment)",
+        group="multi-turn", check=POSITIVE_INT, metavar="N"))
+    env_timeout: float | None = attrs.field(default=None, metadata=flag(
+        "fail the run when one environment reset or step takes longer than this many seconds, naming the "
+        "environment, episode and turn (default: no limit)", group="multi-turn", check=POSITIVE,
+        metavar="SECONDS"))
     # -- dynamic sampling (relax.runtime.rollout_worker) --
     over_sampling_batch_size: int | None = attrs.field(default=None, metadata=flag(
         "prompts drawn per sampling round (default: --rollout-batch-size); with --max-sampling-rounds > 1 "
         "the rollout draws rounds until it has --rollout-batch-size prompt groups with signal",
-        group="sampling", type=positive_int, metavar="N"))
+        group="sampling", check=POSITIVE_INT, metavar="N"))
     max_sampling_rounds: int = attrs.field(default=1, metadata=flag(
         "most sampling rounds per step; 1 = no refill (groups without signal are only dropped); after the "
-        "last round the step trains on the groups it has", group="sampling", type=positive_int,
+        "last round the step trains on the groups it has", group="sampling", check=POSITIVE_INT,
         metavar="R"))
     # -- placement / backends --
     ray_address: str | None = attrs.field(default=None, metadata=flag(
         "Ray cluster to join (default: start a local one)", group="placement and backends"))
     actor_num_workers: int = attrs.field(default=1, metadata=flag(
         "training worker processes (torch: data-parallel ranks; megatron: TP x PP x DP)",
-        group="placement and backends", type=positive_int))
+        group="placement and backends", check=POSITIVE_INT))
+    # The registered backends are the flag's choices (added by relax.cli.arguments: the registry is above).
     backend: str = attrs.field(default="torch", metadata=flag(
         "training backend; megatron needs the extra: pip install 'relax-rl[megatron]'",
-        group="placement and backends", choices=backend_names()))
+        group="placement and backends"))
     tensor_model_parallel_size: int = attrs.field(default=1, metadata=flag(
-        "Megatron tensor parallelism", group="placement and backends", type=positive_int))
+        "Megatron tensor parallelism", group="placement and backends", check=POSITIVE_INT))
     pipeline_model_parallel_size: int = attrs.field(default=1, metadata=flag(
-        "Megatron pipeline parallelism", group="placement and backends", type=positive_int))
+        "Megatron pipeline parallelism", group="placement and backends", check=POSITIVE_INT))
     lora_rank: int = attrs.field(default=0, metadata=flag(
         "train LoRA adapters of this rank instead of the whole model (torch backend, --hf-checkpoint; "
         "needs peft: pip install 'relax-rl[lora]'); 0 trains every weight", group="placement and backends",
-        type=non_negative_int))
+        check=NON_NEGATIVE_INT))
     lora_alpha: float = attrs.field(default=16.0, metadata=flag(
         "LoRA scale numerator: the adapter's update is (B @ A) x lora-alpha / lora-rank",
-        group="placement and backends", type=positive_float))
+        group="placement and backends", check=POSITIVE))
     lora_dropout: float = attrs.field(default=0.0, metadata=flag(
         "dropout on the LoRA branch's input while training", group="placement and backends",
-        type=half_open_unit_interval))
+        check=Range(ge=0, lt=1)))
     lora_target_modules: tuple[str, ...] = attrs.field(default=("all-linear",), converter=tuple, metadata=flag(
         "layers that get adapters: module-name suffixes (e.g. q_proj v_proj), or all-linear (every linear "
         "layer but the output head)", group="placement and backends", nargs="+", metavar="NAME"))
@@ -209,14 +209,14 @@ class RunConfig:
         group="placement and backends"))
     rollout_num_workers: int = attrs.field(default=1, metadata=flag(
         "rollout workers (generation engines); each samples its slice of every step's prompts",
-        group="placement and backends", type=positive_int))
+        group="placement and backends", check=POSITIVE_INT))
     # -- asynchronous training --
     fully_async: bool = attrs.field(default=False, metadata=flag(
         "overlap generation with training: rollouts run up to --max-staleness policy versions ahead",
         group="asynchronous training"))
     max_staleness: int | None = attrs.field(default=None, metadata=flag(
         "the most policy versions a trained sample may lag behind (default 1 with --fully-async; "
-        "0 reproduces the synchronous run)", group="asynchronous training", type=non_negative_int,
+        "0 reproduces the synchronous run)", group="asynchronous training", check=NON_NEGATIVE_INT,
         metavar="K"))
     # -- outputs --
     output_dir: str | None = attrs.field(default=None, metadata=flag(
@@ -230,11 +230,11 @@ class RunConfig:
     save_interval: int | None = attrs.field(default=None, metadata=flag(
         "also save a checkpoint every this many rollouts (default: none in between); the final step is "
         "always saved, and on Ctrl-C / SIGTERM the last trained step", group="outputs",
-        type=positive_int))
+        check=POSITIVE_INT))
     keep_checkpoints: int | None = attrs.field(default=None, metadata=flag(
         "keep only the newest N checkpoints of this run: after each successful save the oldest "
         "checkpoints/step_* directories beyond N are deleted (default: keep all)", group="outputs",
-        type=positive_int, metavar="N"))
+        check=POSITIVE_INT, metavar="N"))
     load: str | None = attrs.field(default=None, metadata=flag(
         "resume from this checkpoint directory", group="outputs", metavar="DIR"))
     progress: bool = attrs.field(default=True, metadata=flag(
@@ -243,7 +243,7 @@ class RunConfig:
     # -- logging (relax.runtime.trackers; docs/en/tracking.md) --
     log_interval: int = attrs.field(default=10, metadata=flag(
         "with --no-progress: print one summary line every this many steps", group="logging",
-        type=positive_int, metavar="N"))
+        check=POSITIVE_INT, metavar="N"))
     use_tensorboard: bool = attrs.field(default=False, metadata=flag(
         "write every metric to TensorBoard event files in the run directory (needs the 'tracking' "
         "extra: pip install 'relax-rl[tracking]')", group="logging"))
@@ -260,7 +260,7 @@ class RunConfig:
     log_completions: int = attrs.field(default=0, metadata=flag(
         "every step, append this many samples (prompt, completion, label, reward components, "
         "normalized reward, policy version) to completions.jsonl and to the trackers as a table",
-        group="logging", type=non_negative_int, metavar="N"))
+        group="logging", check=NON_NEGATIVE_INT, metavar="N"))
     # -- evaluation (relax.runtime.evaluation; docs/en/evaluation.md) --
     evaluate: bool = attrs.field(default=True, metadata=flag(
         "no evaluation at all (not even the built-in task's held-out problems before and after training)",
@@ -277,31 +277,28 @@ class RunConfig:
         "metadata field of --eval-prompt-data records (default: --metadata-key)", group="evaluation"))
     eval_interval: int | None = attrs.field(default=None, metadata=flag(
         "also evaluate after every this many training steps (default: only before training and after "
-        "the last step)", group="evaluation", type=positive_int, metavar="N"))
+        "the last step)", group="evaluation", check=POSITIVE_INT, metavar="N"))
     eval_before_train: bool = attrs.field(default=True, metadata=flag(
         "skip the evaluation of the initial policy (step 0)", group="evaluation",
         names=("--no-eval-before-train",)))
     eval_n_samples_per_prompt: int = attrs.field(default=1, metadata=flag(
         "completions per evaluation prompt (k of eval/pass@k; sample with --eval-temperature > 0)",
-        group="evaluation", type=positive_int, metavar="K"))
+        group="evaluation", check=POSITIVE_INT, metavar="K"))
     eval_temperature: float = attrs.field(default=0.0, metadata=flag(
-        "evaluation sampling temperature; 0 = greedy decoding", group="evaluation", type=non_negative_float))
+        "evaluation sampling temperature; 0 = greedy decoding", group="evaluation", check=NON_NEGATIVE))
     eval_top_p: float = attrs.field(default=1.0, metadata=flag(
-        "evaluation nucleus sampling threshold", group="evaluation", type=open_unit_interval))
+        "evaluation nucleus sampling threshold", group="evaluation", check=Range(gt=0, le=1)))
     eval_max_response_len: int | None = attrs.field(default=None, metadata=flag(
         "maximum generated tokens per evaluation sample (default: --rollout-max-response-len)",
-        group="evaluation", type=positive_int))
+        group="evaluation", check=POSITIVE_INT))
     eval_pass_threshold: float = attrs.field(default=1.0, metadata=flag(
         "a sample passes (eval/pass@k) when its pass component is >= this; the pass component is "
         "--reward-key if given, else 'correct' if it is a reward key, else the first --reward-keys entry",
-        group="evaluation", type=finite_float))
+        group="evaluation", check=FINITE))
 
     def total_optimizer_steps(self) -> int:
-        """Optimizer steps of the whole run: ``--num-rollout`` x optimizer steps per rollout (what the
-        learning-rate schedule decays over; a rollout whose groups were all dropped takes fewer)."""
-        from relax.runtime.schedule import num_minibatches
-
-        return self.num_rollout * num_minibatches(self)
+        """``total_optimizer_steps(self)`` (what the learning-rate schedule decays over)."""
+        return total_optimizer_steps(self)
 
     @property
     def staleness_bound(self) -> int:
@@ -309,6 +306,22 @@ class RunConfig:
         if not self.fully_async:
             return 0
         return 1 if self.max_staleness is None else self.max_staleness
+
+
+def num_minibatches(config: RunConfig) -> int:
+    """Optimizer steps per rollout (the CLI fills ``num_steps_per_rollout``; derived otherwise)."""
+    if config.num_steps_per_rollout:
+        return int(config.num_steps_per_rollout)
+    if config.global_batch_size:
+        total = config.rollout_batch_size * config.algorithm.n_samples_per_prompt
+        return max(1, total // config.global_batch_size)
+    return 1
+
+
+def total_optimizer_steps(config: RunConfig) -> int:
+    """Optimizer steps of the whole run: ``--num-rollout`` x optimizer steps per rollout (what the
+    learning-rate schedule decays over; a rollout whose groups were all dropped takes fewer)."""
+    return config.num_rollout * num_minibatches(config)
 
 
 def default_run_name(algorithm_spec: str) -> str:

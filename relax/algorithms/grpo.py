@@ -188,16 +188,39 @@ class SAPO(GRPO):
 
 
 class CISPO(GRPO):
-    """CISPO: REINFORCE weighted by a clipped, stop-gradient importance ratio; every token keeps a gradient."""
+    """CISPO (MiniMax-M1, arXiv:2506.13585, eq. 4-5): REINFORCE weighted by the stop-gradient clipped
+    importance ratio ``sg(clip(r, 1 - eps_clip, 1 + eps_clip_high))``, whatever the advantage's sign.
+
+    ``eps_clip`` is the paper's eps_low (the paper sets it large, so that in effect only the upper
+    bound acts) and ``eps_clip_high`` its eps_high (default: ``eps_clip``). Unlike PPO's clip, a
+    clipped token keeps its gradient: only its weight is bounded. ``CISPOUpstream`` keeps the rule of
+    the upstream project."""
 
     name = "cispo"
     paper = "MiniMax-M1 (arXiv:2506.13585)"
     hyperparameters = tuple(h for h in GRPO.hyperparameters if h != "eps_clip_c")
 
-    def surrogate(self, log_probs, log_ratio, advantages, mask):
+    def importance_weight(self, ratio: torch.Tensor, advantages: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``ratio`` (no gradient) -> ``(weight, clipped)``: the paper's two-sided clip on every token."""
         c = self.config
-        ratio = torch.exp(log_ratio).detach()
+        low, high = 1.0 - c.eps_clip, 1.0 + c.eps_clip_high
+        return ratio.clamp(low, high), (ratio < low) | (ratio > high)
+
+    def surrogate(self, log_probs, log_ratio, advantages, mask):
+        weight, clipped = self.importance_weight(torch.exp(log_ratio).detach(), advantages)
+        return -weight * advantages * log_probs, {"pg_clipfrac": clipped}, {}
+
+
+class CISPOUpstream(CISPO):
+    """CISPO with the upstream project's weight: ``min(r, 1 + eps_clip_high)`` where ``A >= 0`` but
+    ``max(r, 1 - eps_clip)`` where ``A < 0``, so a negative-advantage token keeps any large ratio as its
+    weight (and its gradient grows with it). Kept so that upstream numbers can be reproduced."""
+
+    name = "cispo_upstream"
+
+    def importance_weight(self, ratio, advantages):
+        c = self.config
         positive = advantages >= 0
         weight = torch.where(positive, ratio.clamp(max=1.0 + c.eps_clip_high), ratio.clamp(min=1.0 - c.eps_clip))
         clipped = (positive & (ratio > 1.0 + c.eps_clip_high)) | (~positive & (ratio < 1.0 - c.eps_clip))
-        return -weight * advantages * log_probs, {"pg_clipfrac": clipped}, {}
+        return weight, clipped

@@ -40,7 +40,7 @@ def test_a_user_class_gets_the_sequence_ratio_from_the_capability_alone():
     # CISPO weighs each token by its clipped ratio: exp(seq mean) instead of exp(per-token) changes the loss
     x = _inputs()
     seq = torch.tensor([[-0.15] * 3, [0.1 / 3] * 3])
-    weight = torch.exp(seq).clamp(max=1.2).where(x.advantages >= 0, torch.exp(seq).clamp(min=0.8))
+    weight = torch.exp(seq).clamp(0.8, 1.2)  # CISPO: sg(clip(r, 1 - eps, 1 + eps_high)) on every token
     per_token = -weight * x.advantages * x.log_probs
     by_hand = per_token[x.response_mask].sum() / x.response_mask.sum()
     assert float(mine.loss) == pytest.approx(float(by_hand), rel=1e-6)

@@ -301,29 +301,35 @@ def test_sapo_gradient_on_policy_equals_the_plain_policy_gradient():
 
 # -- CISPO: -sg(clip(r)) * A * logp --
 
+# eps 0.2, eps_high 0.28. row 0 (A = +1): d = (0.3, -0.5); row 1 (A = -2): d = (0.3, 0, -0.25).
+# cispo (the paper): clip(r, 0.8, 1.28) on every token -> (1.28, 0.8), (1.28, 1, 0.8).
+# cispo_upstream: min(r, 1.28) for A >= 0, max(r, 0.8) for A < 0 -> (1.28, 0.606531), (1.349859, 1, 0.8).
+CISPO_WEIGHTS = {
+    "cispo": ([[1.28, 0.8], [1.28, 1.0, 0.8]], [1.28, 1.6], [-1.28, -3.0, -4.8], [[1.0, 1.0], [1.0, 0.0, 1.0]]),
+    "cispo_upstream": ([[1.28, math.exp(-0.5)], [math.exp(0.3), 1.0, 0.8]], [1.28, 1.213061],
+                       [-1.349859, -3.0, -4.8], [[1.0, 0.0], [0.0, 0.0, 1.0]]),
+}
 
+
+@pytest.mark.parametrize("name", sorted(CISPO_WEIGHTS))
 @pytest.mark.parametrize("mode", MODES)
-def test_cispo_value_and_gradient(mode):
-    # eps 0.2, eps_high 0.28. row 0 (A = +1): d = (0.3, -0.5) -> weights min(r, 1.28) = (1.28, 0.606531)
-    # row 1 (A = -2): d = (0.3, 0, -0.25) -> weights max(r, 0.8) = (1.349859, 1, 0.8)
+def test_cispo_value_and_gradient(mode, name):
+    w, row0, row1, clipped = CISPO_WEIGHTS[name]
     delta = [[0.3, -0.5, 0.0], [0.3, 0.0, -0.25]]
     inputs, logp = batch(delta=delta, requires_grad=True)
-    out = make("cispo", eps_clip_high=0.28, loss_aggregation=mode).policy_loss(inputs)
-    w = [[1.28, math.exp(-0.5)], [math.exp(0.3), 1.0, 0.8]]
+    out = make(name, eps_clip_high=0.28, loss_aggregation=mode).policy_loss(inputs)
     a = rows(ADV)
     lp = rows(LOG_PROBS)
     per_token = [[-w[i][t] * a[i][t] * lp[i][t] for t in range(len(w[i]))] for i in range(2)]
-    assert per_token[0] == pytest.approx([1.28, 1.213061], abs=1e-6)
-    assert per_token[1] == pytest.approx([-1.349859, -3.0, -4.8], abs=1e-6)
+    assert per_token[0] == pytest.approx(row0, abs=1e-6)
+    assert per_token[1] == pytest.approx(row1, abs=1e-6)
     assert out.loss.item() == pytest.approx(agg(per_token, mode), abs=1e-6)
     out.loss.backward()
     # the weight is a constant: d/dlogp = -w A / divisor, also on clipped tokens (CISPO keeps them)
     if mode == "token_mean":
-        expected = [[-1.28 / 5, -math.exp(-0.5) / 5, 0.0], [2 * math.exp(0.3) / 5, 2 / 5, 1.6 / 5]]
+        expected = [[-w[0][0] / 5, -w[0][1] / 5, 0.0], [2 * w[1][0] / 5, 2 * w[1][1] / 5, 2 * w[1][2] / 5]]
         torch.testing.assert_close(logp.grad, torch.tensor(expected), rtol=0, atol=1e-6)
-    assert out.metrics["pg_clipfrac"].item() == pytest.approx(
-        agg([[1.0, 0.0], [0.0, 0.0, 1.0]], mode), abs=1e-6
-    )
+    assert out.metrics["pg_clipfrac"].item() == pytest.approx(agg(clipped, mode), abs=1e-6)
 
 
 # -- RLOO: -sg(A) * logp, no ratio --

@@ -34,7 +34,7 @@ from bare_loop import make_algorithm, run_bare_loop
 
 from relax.algorithms import AlgorithmConfig
 from relax.rollout.tasks import get_task
-from relax.runtime.config import RunConfig
+from relax.config.run import RunConfig
 from relax.runtime.train import run
 
 PROMPTS, SAMPLES, MINIBATCHES = 32, 8, 2

@@ -73,7 +73,7 @@ def worker(args) -> dict:
     from relax.backends.torch_backend import TorchBackend
     from relax.models.batch import TokenBatch
     from relax.models.factory import build_policy_model
-    from relax.runtime.config import RunConfig
+    from relax.config.run import RunConfig
 
     cuda = torch.cuda.is_available()
     baseline = 0 if cuda else _rss_kib("VmRSS")

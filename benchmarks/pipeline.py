@@ -42,7 +42,7 @@ from relax.rollout.base import SamplingParams
 from relax.rollout.tasks import get_task
 from relax.rollout.tiny.engine import TinyEngine
 from relax.models.tiny.weights import load_warmup_model
-from relax.runtime.config import RunConfig
+from relax.config.run import RunConfig
 from relax.runtime.train import run
 
 PROMPTS, SAMPLES, MINIBATCHES = 32, 8, 2

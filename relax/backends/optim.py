@@ -25,7 +25,8 @@ from collections.abc import Iterable
 import attrs
 import torch
 
-DECAY_STYLES = ("constant", "linear", "cosine")
+from relax.config.run import LR_DECAY_STYLES as DECAY_STYLES
+from relax.config.run import RunConfig, total_optimizer_steps
 
 
 # -- weight decay ----------------------------------------------------------------------------------
@@ -49,7 +50,7 @@ def param_groups(named_parameters: Iterable[tuple[str, torch.Tensor]], weight_de
     return [g for g in groups if g["params"]]
 
 
-def adam_kwargs(config) -> dict:
+def adam_kwargs(config: RunConfig) -> dict:
     """``betas`` and ``eps`` of ``torch.optim.AdamW`` from a ``RunConfig``."""
     return {"betas": (config.adam_beta1, config.adam_beta2), "eps": config.adam_eps}
 
@@ -141,7 +142,7 @@ class LRSchedule:
         return self.min_lr + (self.peak - self.min_lr) * factor
 
 
-def lr_schedule(config, *, peak: float | None = None) -> LRSchedule:
+def lr_schedule(config: RunConfig, *, peak: float | None = None) -> LRSchedule:
     """The schedule of a run. ``peak`` defaults to ``--lr``; another peak (the critic's
     ``--critic-lr``) keeps the same warm-up and decay, with its floor at the same fraction
     ``--min-lr / --lr`` of its peak."""
@@ -151,7 +152,7 @@ def lr_schedule(config, *, peak: float | None = None) -> LRSchedule:
         min_lr=min_lr,
         warmup_steps=config.lr_warmup_steps,
         decay_style=config.lr_decay_style,
-        total_steps=config.total_optimizer_steps(),
+        total_steps=total_optimizer_steps(config),
     )
 
 
@@ -164,7 +165,7 @@ def set_learning_rate(optimizer, lr: float) -> None:
 # -- configuration checks --------------------------------------------------------------------------
 
 
-def config_errors(config) -> list[str]:
+def config_errors(config: RunConfig) -> list[str]:
     """Checks of the optimization flags that hold for every backend (messages name the flag)."""
     errors = []
     if config.min_lr > config.lr:

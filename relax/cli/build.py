@@ -20,7 +20,7 @@ from relax.algorithms.config import AlgorithmConfig
 from relax.algorithms.flags import flag_name
 from relax.cli.validation import ConfigError
 from relax.rollout.rewards import SCALAR_REWARD_KEY, load_function, load_reward_function
-from relax.runtime.config import RunConfig, default_run_name, output_dir_of
+from relax.config.run import RunConfig, default_run_name, output_dir_of
 
 ALGORITHM_FIELDS = attrs.fields_dict(AlgorithmConfig)
 RUN_FIELDS = {name: f for name, f in attrs.fields_dict(RunConfig).items() if name != "algorithm"}

@@ -23,7 +23,7 @@ import attrs
 import yaml
 
 from relax.cli.suggest import closest
-from relax.runtime.config import RunConfig
+from relax.config.run import RunConfig
 
 EFFECTIVE_CONFIG_NAME = "config.yaml"
 

@@ -29,7 +29,7 @@ import logging
 import threading
 import warnings as warnings_module
 
-from relax.runtime.config import RunConfig
+from relax.config.run import RunConfig
 
 # How many prompts the reward function is called on, and how long pre-flight waits for those calls.
 REWARD_SAMPLES = 4
@@ -77,7 +77,7 @@ def check_algorithm(config: RunConfig, algorithm) -> None:
 
 
 def check_output(config: RunConfig) -> None:
-    from relax.runtime.config import output_dir_of
+    from relax.config.run import output_dir_of
     from relax.runtime.run_dir import RunDirError, check_output_dir
 
     try:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import attrs
 
-from relax.algorithms.config import AlgorithmConfig  # moves to relax.config.algorithm next
+from relax.config.algorithm import AlgorithmConfig
 from relax.config.fields import (
     FINITE,
     INTEGER,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import attrs
 
 from relax.algorithms.base import RLAlgorithm
-from relax.runtime.config import RunConfig
+from relax.config.run import RunConfig
 
 # Default number of optimizer mini-batches per rollout for methods without on-policy constraints:
 # the embedded recipe learns fastest with two mini-batch updates per rollout.

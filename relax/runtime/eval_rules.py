@@ -87,7 +87,7 @@ def check_evaluation(config, algorithm, who, errors, warnings):
         why = ("--no-eval" if not config.evaluate else
                "no evaluation set: give --eval-prompt-data (the built-in task's held-out problems are the "
                "default only without --prompt-data, --hf-checkpoint and --custom-rm-path)")
-        from relax.runtime.config import RunConfig
+        from relax.config.run import RunConfig
 
         defaults = RunConfig()
         changed = [name for name in _EVAL_FLAGS if getattr(config, name) != getattr(defaults, name)]

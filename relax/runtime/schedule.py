@@ -10,6 +10,8 @@ from __future__ import annotations
 import attrs
 import torch
 
+from relax.config.run import num_minibatches  # noqa: F401 - the workers' import path; defined with RunConfig
+
 
 def _split(items: list, parts: int) -> list[list]:
     """``items`` in ``parts`` contiguous chunks whose sizes differ by at most one (larger first)."""
@@ -80,16 +82,6 @@ def plan_step(
         shards=tuple(tuple(s) for s in shards),
         global_tokens=tuple(sum(tokens[u] for u in mb) for mb in minibatches),
     )
-
-
-def num_minibatches(config) -> int:
-    """Optimizer steps per rollout (the CLI fills ``num_steps_per_rollout``; derived otherwise)."""
-    if config.num_steps_per_rollout:
-        return int(config.num_steps_per_rollout)
-    if config.global_batch_size:
-        total = config.rollout_batch_size * config.algorithm.n_samples_per_prompt
-        return max(1, total // config.global_batch_size)
-    return 1
 
 
 def segment_slices(sizes) -> list[slice]:

@@ -28,7 +28,7 @@ from relax.runtime.checkpoints import (
     save_checkpoint,
 )
 from relax.runtime.cluster import Runtime
-from relax.runtime.config import output_dir_of
+from relax.config.run import output_dir_of
 from relax.runtime.console import log
 from relax.runtime.evaluation import Evaluation
 from relax.runtime.metrics import MetricsLog, progress_line, summary_table

@@ -23,7 +23,7 @@ from relax.algorithms.config import AlgorithmConfig
 from relax.algorithms.flags import flag_name
 from relax.backends.registry import config_errors as backend_config_errors
 from relax.runtime.batch_shape import batch_shape, check_batch
-from relax.runtime.config import RunConfig
+from relax.config.run import RunConfig
 from relax.runtime.eval_rules import check_evaluation
 from relax.runtime.no_op_rules import check_no_op
 

@@ -13,7 +13,7 @@ import torch
 from relax.algorithms.types import PolicyLossOutput
 from relax.backends import optim
 from relax.backends.torch_backend import TorchBackend, config_errors
-from relax.runtime.config import RunConfig
+from relax.config.run import RunConfig
 from test_torch_backend import advantages_for, make_batch, make_model, weighted_loss
 
 # -- schedules -------------------------------------------------------------------------------------
@@ -197,10 +197,11 @@ def test_resume_across_a_weight_decay_change_keeps_the_moments_and_takes_the_new
 def test_flag_parsers_reject_bad_values():
     import argparse
 
-    from relax.runtime.config import half_open_unit_interval, non_negative_int
+    fields = attrs.fields(RunConfig)
+    adam_beta1, lr_warmup_steps = (f.metadata["flag"].type for f in (fields.adam_beta1, fields.lr_warmup_steps))
 
     with pytest.raises(argparse.ArgumentTypeError, match=r"\[0, 1\)"):
-        half_open_unit_interval("1.0")
+        adam_beta1("1.0")
     with pytest.raises(argparse.ArgumentTypeError, match=">= 0"):
-        non_negative_int("-1")
+        lr_warmup_steps("-1")
     assert attrs.fields(RunConfig).lr_decay_style.metadata["flag"].choices == optim.DECAY_STYLES

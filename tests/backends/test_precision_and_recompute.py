@@ -8,7 +8,7 @@ import torch
 
 from relax.backends.torch_backend import TorchBackend, enable_recompute
 from relax.models.value import ValueModel
-from relax.runtime.config import RunConfig
+from relax.config.run import RunConfig
 from test_torch_backend import advantages_for, make_batch, make_model, weighted_loss
 
 

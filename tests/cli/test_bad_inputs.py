@@ -25,7 +25,7 @@ import torch
 import relax.cli.preflight as preflight_module
 from relax.algorithms.config import AlgorithmConfig
 from relax.cli.config_file import write_effective_config
-from relax.runtime.config import RunConfig
+from relax.config.run import RunConfig
 
 REWARDS_MODULE = "relax_bad_input_rewards"
 REWARDS_SOURCE = textwrap.dedent(

@@ -7,7 +7,7 @@ import types
 
 import yaml
 
-from relax.runtime.config import RunConfig
+from relax.config.run import RunConfig
 
 
 def write(tmp_path, text, name="run.yaml"):

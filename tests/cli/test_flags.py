@@ -12,8 +12,8 @@ import yaml
 
 from relax.algorithms.config import AlgorithmConfig
 from relax.algorithms.flags import flag, flag_name, flag_of, option_strings
-from relax.cli.arguments import add_train_arguments, build_train_parser, config_fields
-from relax.runtime.config import RunConfig, default_run_name, output_dir_of
+from relax.cli.arguments import _registered_options, add_train_arguments, build_train_parser, config_fields
+from relax.config.run import RunConfig, default_run_name, output_dir_of
 
 # Flags of the command line itself, not of a configuration field.
 COMMAND_FLAGS = {"help", "config"}
@@ -39,7 +39,21 @@ def test_the_parser_is_what_the_fields_declare():
         assert tuple(action.option_strings) == option_strings(field)
         assert action.option_strings[0] == flag_name(field)
         if not isinstance(field.default, bool):
-            assert (action.type, action.choices, action.nargs) == (spec.type, spec.choices, spec.nargs)
+            expected = {"type": spec.type, "choices": spec.choices, "nargs": spec.nargs}
+            expected.update(_registered_options().get(field.name, {}))  # names registered above config
+            assert (action.type, action.choices, action.nargs) == tuple(expected.values()), field.name
+
+
+def test_registered_names_are_the_choices_of_their_flags():
+    from relax.algorithms import algorithm_names
+    from relax.backends.registry import backend_names
+
+    actions = {a.dest: a for a in _field_actions()}
+    assert actions["backend"].choices == backend_names()
+    for name in algorithm_names():
+        assert actions["advantage_estimator"].type(name) == name
+    with pytest.raises(argparse.ArgumentTypeError, match="unknown advantage estimator 'nope'"):
+        actions["advantage_estimator"].type("nope")
 
 
 def test_flag_defaults_are_the_field_defaults_except_derived_reward_keys():

@@ -13,7 +13,7 @@ import pytest
 from relax.algorithms import algorithm_names
 from relax.algorithms.config import AlgorithmConfig
 from relax.cli.main import build_parser
-from relax.runtime.config import RunConfig
+from relax.config.run import RunConfig
 
 
 def test_help_lists_every_estimator_and_documents_every_flag(cli):

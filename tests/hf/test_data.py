@@ -10,7 +10,7 @@ from relax.rollout.base import Prompt
 from relax.rollout.data import PromptDataError, PromptDataset, PromptIterator, prompt_iterator_from_config
 from relax.models.hf import load_hf_tokenizer
 from relax.models.tiny.tokenizer import TinyTokenizer
-from relax.runtime.config import RunConfig
+from relax.config.run import RunConfig
 
 
 def write_jsonl(path, rows):

@@ -16,7 +16,7 @@ from relax.backends.torch_backend import TorchBackend, config_errors  # noqa: E4
 from relax.models.batch import TokenBatch  # noqa: E402
 from relax.models.hf import export_hf_checkpoint, load_hf_model, load_hf_state_dict  # noqa: E402
 from relax.models.hf.lora import ADAPTER_CONFIG_KEY, adapter_settings  # noqa: E402
-from relax.runtime.config import RunConfig  # noqa: E402
+from relax.config.run import RunConfig  # noqa: E402
 
 
 def _batch(n=6, p=4, t=5, seed=0) -> TokenBatch:

@@ -9,7 +9,7 @@ from relax.backends.torch_backend import TorchBackend
 from relax.models.batch import TokenBatch
 from relax.models.hf import load_hf_model
 from relax.models.value import ValueModel, response_values
-from relax.runtime.config import RunConfig
+from relax.config.run import RunConfig
 
 
 def _batch() -> TokenBatch:

@@ -42,7 +42,7 @@ def train(backend, batch: TokenBatch, old: torch.Tensor) -> list[dict]:
 
 def run_config(checkpoint: str, tp: int = 1, pp: int = 1):
     """The ``RunConfig`` a ``relax train --backend megatron --hf-checkpoint`` run hands ``for_policy``."""
-    from relax.runtime.config import RunConfig
+    from relax.config.run import RunConfig
 
     return RunConfig(backend="megatron", hf_checkpoint=checkpoint, lr=LR, adam_eps=ADAM_EPS, clip_grad=1.0,
                      seed=7, tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)

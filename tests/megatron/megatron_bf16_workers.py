@@ -22,7 +22,7 @@ def _tiny_model() -> TinyCausalLM:
 def bf16_runs(rank: int, world: int) -> dict:
     from relax.backends.megatron.backend import MegatronBackend
     from relax.backends.torch_backend import TorchBackend
-    from relax.runtime.config import RunConfig
+    from relax.config.run import RunConfig
 
     batch = W.make_batch()
     out = {}

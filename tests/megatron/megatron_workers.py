@@ -259,7 +259,7 @@ def optimizer_flags(rank: int, world: int) -> dict:
     from relax.algorithms.types import PolicyLossOutput
     from relax.backends.megatron.backend import MegatronBackend
     from relax.backends.torch_backend import TorchBackend
-    from relax.runtime.config import RunConfig
+    from relax.config.run import RunConfig
 
     def model():
         m = TinyCausalLM(CFG)
@@ -315,7 +315,7 @@ def recompute(rank: int, world: int) -> dict:
     out["plain"] = run_training(plain, batch)["metrics"]
     out["plain_trained"] = plain.export_weights()
     from relax.backends.megatron.backend import MegatronBackend
-    from relax.runtime.config import RunConfig
+    from relax.config.run import RunConfig
 
     model = TinyCausalLM(CFG)
     model.load_state_dict(initial_weights())

@@ -17,7 +17,7 @@ from run_results import checkpoint_weights as _weights
 from run_results import training_rows as _rows
 
 from relax.algorithms import AlgorithmConfig
-from relax.runtime.config import RunConfig
+from relax.config.run import RunConfig
 from relax.runtime.pipeline import rollout_version
 from relax.runtime.train import run, saves_at, submit_limit
 

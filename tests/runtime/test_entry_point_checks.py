@@ -7,7 +7,7 @@ import pytest
 
 from relax.algorithms import AlgorithmConfig
 from relax.runtime.checkpoints import CheckpointError, algorithm_settings, check_checkpoint
-from relax.runtime.config import RunConfig
+from relax.config.run import RunConfig
 from relax.runtime.train import run
 from relax.runtime.validation import ConfigError
 

@@ -32,7 +32,7 @@ from relax.rollout.tasks.addition import (
     greedy_accuracy,
     held_out_problems,
 )
-from relax.runtime.config import RunConfig
+from relax.config.run import RunConfig
 from relax.runtime.evaluation import pass_at_k, sample_eval_slice
 from relax.runtime.validation import ConfigError, validate
 

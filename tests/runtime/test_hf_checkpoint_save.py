@@ -11,7 +11,7 @@ import torch
 
 from relax.algorithms import AlgorithmConfig
 from relax.runtime.checkpoints import checkpoint_path
-from relax.runtime.config import RunConfig
+from relax.config.run import RunConfig
 from relax.runtime.train import run
 
 pytestmark = [pytest.mark.ray, pytest.mark.filterwarnings("ignore")]

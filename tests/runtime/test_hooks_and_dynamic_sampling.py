@@ -15,7 +15,7 @@ from memory_plane import MemoryDataPlane
 
 from relax.algorithms import AlgorithmConfig
 from relax.rollout.hooks import HookError
-from relax.runtime.config import RunConfig
+from relax.config.run import RunConfig
 from relax.runtime.rollout_worker import RolloutCore
 from relax.runtime.rollouts import rollout_metrics
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from relax.algorithms import AlgorithmConfig
-from relax.runtime.config import RunConfig
+from relax.config.run import RunConfig
 from relax.runtime.evaluation import eval_metrics, pass_at_k, pass_component, slice_bounds
 from relax.runtime.metrics import EVAL_COMPLETIONS_KEY
 

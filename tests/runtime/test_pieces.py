@@ -13,7 +13,7 @@ import relax.backends.megatron as megatron_pkg
 from relax.algorithms import AlgorithmConfig, get_algorithm
 from relax.runtime.actor_worker import ActorCore
 from relax.runtime.advantages import AdvantagesCore
-from relax.runtime.config import RunConfig
+from relax.config.run import RunConfig
 from relax.runtime.data_plane import _densify, group_rows
 from relax.runtime.metrics import MetricsLog, reward_metrics, summary_table
 from relax.runtime.rollout_worker import RolloutCore, filter_groups

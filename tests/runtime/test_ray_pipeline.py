@@ -20,7 +20,7 @@ from relax.algorithms import AlgorithmConfig
 from relax.runtime.actor_worker import ActorCore
 from relax.runtime.advantages import AdvantagesCore
 from relax.runtime.checkpoints import checkpoint_path
-from relax.runtime.config import RunConfig
+from relax.config.run import RunConfig
 from relax.runtime.rollout_worker import RolloutCore
 from relax.runtime.schedule import plan_step
 from relax.runtime.train import run

@@ -10,7 +10,7 @@ import pytest
 
 from relax.algorithms import AlgorithmConfig
 from relax.rollout.rewards import RewardError, call_reward_function
-from relax.runtime.config import RunConfig
+from relax.config.run import RunConfig
 from relax.runtime.train import run
 
 # A judge that only answers when four calls are waiting at once: it can pass only if the calls overlap.

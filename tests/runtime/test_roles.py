@@ -8,7 +8,7 @@ import torch
 from relax.algorithms import BUILTIN_ALGORITHMS, AlgorithmConfig
 from relax.algorithms.grpo import GRPO
 from relax.runtime import roles as R
-from relax.runtime.config import RunConfig
+from relax.config.run import RunConfig
 
 KEYS = ("correct", "format")
 

@@ -24,7 +24,7 @@ import torch
 
 from relax.rollout.rewards import RewardError, call_reward_function, function_name, with_timeout
 from relax.runtime.checkpoints import prune_checkpoints
-from relax.runtime.config import RunConfig
+from relax.config.run import RunConfig
 from relax.runtime.train import saves_at, submit_limit
 
 # -- which steps are saved ----------------------------------------------------------------------------

@@ -22,7 +22,7 @@ import torch
 
 from relax.algorithms import AlgorithmConfig, get_algorithm
 from relax.runtime import trackers as T
-from relax.runtime.config import RunConfig
+from relax.config.run import RunConfig
 from relax.runtime.metrics import (
     COMPLETIONS_KEY,
     MetricsLog,

@@ -5,14 +5,14 @@ An AST scan of ``relax/``. What counts as a read:
 
 - a config field: ``<x>.<field>`` loaded, where ``<x>`` is a configuration object by name
   (``config``, ``cfg``, ``c``, ``a``, ``run_config``, or an attribute chain ending in ``.config`` /
-  ``.algorithm``; ``self`` only inside ``relax/runtime/config.py``, whose derived properties such as
+  ``.algorithm``; ``self`` only inside ``relax/config/run.py``, whose derived properties such as
   ``staleness_bound`` are read in turn), ``getattr(<x>, "<field>")`` with a literal name, or
   ``<x>.gdpo_axis(<name>)`` with a literal name or in a comprehension over a module-level tuple of
   literal names (GDPO's axes go through their preset);
 - a capability: ``<anything>.<capability>`` loaded (the names are distinctive).
 
 What does not count: ``relax/cli`` (parsing, building, messages), the declarations
-(``relax/algorithms/config.py``, ``flags.py``, ``capabilities.py``), and, for configuration fields,
+(``relax/config/``, ``relax/algorithms/config.py``, ``capabilities.py``), and, for configuration fields,
 ``relax/runtime/validation.py``: a rule that checks a flag is not an effect of the flag. For
 capabilities the rules *are* the effect (``requires_rewards_normalization`` refuses a switch), and
 ``relax.runtime.train.run`` applies them on every entry point, which the last test checks.
@@ -27,10 +27,11 @@ import attrs
 
 from relax.algorithms.capabilities import CAPABILITIES
 from relax.algorithms.config import AlgorithmConfig
-from relax.runtime.config import RunConfig
+from relax.config.run import RunConfig
 
 ROOT = Path(__file__).resolve().parents[2] / "relax"
-DECLARATIONS = {"algorithms/config.py", "algorithms/flags.py", "algorithms/capabilities.py"}
+DECLARATIONS = {"config/fields.py", "config/algorithm.py", "config/__init__.py", "algorithms/config.py",
+                "algorithms/flags.py", "algorithms/capabilities.py"}
 VALIDATION = "runtime/validation.py"
 CONFIG_NAMES = {"config", "cfg", "c", "a", "run_config", "algorithm"}
 
@@ -44,7 +45,7 @@ EXCEPTIONS: dict[str, str] = {}
 
 def _is_config(node: ast.expr, rel: str) -> bool:
     if isinstance(node, ast.Name):
-        return node.id in CONFIG_NAMES or (node.id == "self" and rel == "runtime/config.py")
+        return node.id in CONFIG_NAMES or (node.id == "self" and rel == "config/run.py")
     if isinstance(node, ast.Attribute):
         return node.attr in ("config", "algorithm")
     return False

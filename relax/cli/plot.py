@@ -15,8 +15,8 @@ non-interactive Agg backend. ``write_run_plot`` is what the end of ``relax train
 from __future__ import annotations
 
 import argparse
-import json
 import math
+import os
 import re
 import sys
 from collections.abc import Sequence
@@ -32,16 +32,19 @@ class PlotError(Exception):
 
 
 def read_rows(run_dir: Path) -> list[dict]:
+    """The rows of ``RUN_DIR/metrics.jsonl`` (``relax.runtime.metrics.read_metrics``: a partial last
+    line is dropped with a warning on stderr; another damaged line is a ``PlotError`` naming it)."""
+    from relax.runtime.metrics import MetricsFileError, read_metrics
+
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
         raise PlotError(f"{run_dir}: no metrics.jsonl (is this a run directory of relax train?)")
-    rows = []
-    for number, line in enumerate(path.read_text().splitlines(), 1):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                raise PlotError(f"{path}:{number}: not a JSON line ({exc.msg})") from exc
+    try:
+        rows, warning = read_metrics(path)
+    except (MetricsFileError, OSError) as exc:
+        raise PlotError(str(exc)) from None
+    if warning:
+        print(f"relax plot: warning: {warning}", file=sys.stderr)
     return rows
 
 
@@ -128,8 +131,14 @@ def plot_runs(run_dirs: Sequence[str | Path], output: str | Path) -> Path:
     fig.tight_layout()
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(output, dpi=100)
-    plt.close(fig)
+    # written next to its place, then renamed: a full disk never leaves a truncated or empty image
+    partial = output.with_name(f".{output.name}.partial")
+    try:
+        fig.savefig(partial, dpi=100, format=output.suffix.lstrip(".") or "png")
+        os.replace(partial, output)
+    finally:
+        plt.close(fig)
+        partial.unlink(missing_ok=True)
     return output
 
 

@@ -230,7 +230,7 @@ def call_reward_function(
         for i in range(n):
             try:
                 values[i] = call(i)
-            except Exception as exc:
+            except (Exception, SystemExit) as exc:  # a user function that exits is a failing call too
                 raise failed(i, exc) from exc
     pending = {i: v for i, v in enumerate(values) if inspect.isawaitable(v)}
     if pending:

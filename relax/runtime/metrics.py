@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from relax.algorithms.diagnostics import format_summary_table, summarize_diagnostics
+from relax.runtime.run_errors import RunFailed
 
 
 def reward_metrics(algorithm, rewards: torch.Tensor, group_ids: torch.Tensor, keys: Sequence[str]) -> dict[str, float]:
@@ -90,23 +91,57 @@ def completion_records(config, prompts, completions, labels, rewards: torch.Tens
     ]
 
 
+class MetricsFileError(RunFailed):
+    """``metrics.jsonl`` has a damaged line that is not the last one (a partial last line is what a
+    crash mid-write leaves, and is dropped instead); the message names the file and the line."""
+
+
+def read_metrics(path: Path) -> tuple[list[dict], str | None]:
+    """The rows of a ``metrics.jsonl`` -> ``(rows, warning)``. A last line that is not a complete
+    JSON object (a kill -9 or a full disk mid-write) is dropped and ``warning`` says so; any other
+    line that is not a JSON object with an integer ``step`` raises ``MetricsFileError``."""
+    path = Path(path)
+    lines = path.read_bytes().split(b"\n")
+    numbered = [(n, line) for n, line in enumerate(lines, 1) if line.strip()]
+    rows, warning = [], None
+    for i, (number, raw) in enumerate(numbered):
+        try:
+            row = json.loads(raw.decode("utf-8"))
+            problem = None if isinstance(row, dict) else f"a JSON {type(row).__name__}, not an object"
+            if problem is None and (not isinstance(row.get("step"), int) or isinstance(row.get("step"), bool)):
+                problem = f"no integer 'step' (got {row.get('step')!r})"
+        except UnicodeDecodeError:
+            problem = "not UTF-8 text"
+        except json.JSONDecodeError as exc:
+            problem = f"not valid JSON ({exc.msg})"
+        if problem is None:
+            rows.append(row)
+        elif i == len(numbered) - 1 and problem != "not UTF-8 text" and "integer 'step'" not in problem:
+            warning = (f"{path}: line {number} is incomplete ({len(raw)} bytes, {problem}), as a crash mid-write "
+                       "leaves it; dropped it")
+        else:
+            raise MetricsFileError(
+                f"{path}: line {number} is {problem}; each line must be one JSON object with an integer 'step' "
+                f"(fix or delete that line; {len(rows)} rows before it are intact)"
+            )
+    return rows, warning
+
+
 class MetricsLog:
     """``metrics.jsonl``: one JSON object per step. On resume, lines after the checkpoint's step
-    are dropped first (a run that died after its last checkpoint logged steps that will be redone)."""
+    are dropped first (a run that died after its last checkpoint logged steps that will be redone),
+    and so is a partial last line (``read_metrics``; ``warn`` receives its warning)."""
 
-    def __init__(self, path: Path, resume_after_step: int | None = None):
+    def __init__(self, path: Path, resume_after_step: int | None = None, warn=None):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.rows: list[dict] = []
         if resume_after_step is not None and self.path.exists():
-            kept = []
-            for line in self.path.read_text().splitlines():
-                if line.strip():
-                    row = json.loads(line)
-                    if row["step"] <= resume_after_step:
-                        kept.append(row)
-            self.rows = kept
-            self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+            rows, warning = read_metrics(self.path)
+            if warning and warn is not None:
+                warn(warning)
+            self.rows = [r for r in rows if r["step"] <= resume_after_step]
+            self.path.write_text("".join(json.dumps(r) + "\n" for r in self.rows))
         elif self.path.exists():
             self.path.unlink()
 

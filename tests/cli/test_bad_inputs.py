@@ -593,3 +593,196 @@ def test_a_users_nan_loss_stops_the_run_with_one_line(tmp_path):
         "relax train: error: the actor/critic worker failed: AlgorithmOutputError: NaNLoss.policy_loss"
     ), stderr
     assert "returned a non-finite loss (nan)" in stderr and stderr.count("relax train: error:") == 1
+
+
+# -- issue 25: no silent no-op, damaged run files, full disks, user code that exits -----------------
+
+
+def _warns(cli, ws, *argv) -> str:
+    """``relax train ARGV --dry-run``: accepted (exit 0) with exactly one warning, nothing changed."""
+    before = _snapshot(ws)
+    code, _, err = cli("train", *argv, "--dry-run")
+    assert code == 0, err
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("relax train: warning: "), err
+    assert _snapshot(ws) == before and not (ws / "outputs").exists()
+    return lines[0]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("argv, message", [
+    (["--off-policy-cap", "3"], "--off-policy-cap 3.0 has no effect without --off-policy-correction"),
+    (["--input-key", "question"], "--input-key has no effect without --prompt-data"),
+    (["--output-dir", "resumable", "--load", "resumable", "--overwrite-output-dir"],
+     "--overwrite-output-dir has no effect: --load resumable continues the run in resumable itself"),
+    (["--output-dir", "cut_run", "--load", "cut_run"],
+     "--load cut_run: cut_run/metrics.jsonl: line 3 is incomplete (40 bytes, not valid JSON"),
+], ids=["off_policy_cap_alone", "input_key_without_data", "overwrite_with_own_load", "metrics_partial_last_line"])
+def test_no_effect_and_partial_lines_warn(cli, ws, damaged_runs, argv, message):
+    assert message in _warns(cli, ws, *argv)
+
+
+def _cut_run(ws: Path, name: str, tail: bytes) -> Path:
+    """A run directory with a checkpoint at step 2 and ``tail`` after its two metrics lines."""
+    run = ws / name
+    (run / "checkpoints" / "step_000002").mkdir(parents=True)
+    torch.save(_state(), run / "checkpoints" / "step_000002" / "state.pt")
+    (run / "metrics.jsonl").write_bytes(b'{"step": 1}\n{"step": 2}\n' + tail)
+    return run
+
+
+@pytest.fixture
+def damaged_runs(ws):
+    full = b'{"step": 3, "reward/correct/mean": 0.25, "time/step_s": 0.5}\n'
+    _cut_run(ws, "cut_run", full[:40])  # a kill -9 or a full disk mid-write
+    _cut_run(ws, "garbage_run", b"#!garbage\n" + full)  # damage in the middle
+    _cut_run(ws, "binary_run", bytes(range(128, 256)) + b"\n" + full)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("argv, message", [
+    (["--off-policy-correction", "decoupled", "--off-policy-cap", "0.5"],
+     "on-policy tokens have weight 1, so with a cap <= 1 every update would be zero. Pass --off-policy-cap above 1"),
+    (["--off-policy-correction", "decoupled", "--off-policy-cap", "1"], "with a cap <= 1 every update would be zero"),
+    (["--use-wandb", "--wandb-project", ""], "--wandb-project '' is empty"),
+    (["--output-dir", "garbage_run", "--load", "garbage_run"],
+     "--load garbage_run: garbage_run/metrics.jsonl: line 3 is not valid JSON"),
+    (["--output-dir", "binary_run", "--load", "binary_run"],
+     "--load binary_run: binary_run/metrics.jsonl: line 3 is not UTF-8 text"),
+], ids=["decoupled_cap_below_one", "decoupled_cap_one", "wandb_project_empty", "metrics_garbage_line",
+        "metrics_binary_line"])
+def test_issue25_refused_before_anything_starts(refuse, damaged_runs, argv, message):
+    err = refuse(*argv)
+    assert message in err
+
+
+def test_a_partial_last_metrics_line_is_dropped_on_resume(tmp_path):
+    from relax.runtime.metrics import MetricsLog
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "x": 1}\n{"step": 2, "x": 2}\n{"step": 3, "x"')
+    warnings = []
+    log = MetricsLog(path, resume_after_step=2, warn=warnings.append)
+    assert [r["step"] for r in log.rows] == [1, 2]
+    assert path.read_text() == '{"step": 1, "x": 1}\n{"step": 2, "x": 2}\n'  # the steps before it are kept
+    assert warnings == [f"{path}: line 3 is incomplete (15 bytes, not valid JSON (Expecting ':' delimiter)), as a "
+                        "crash mid-write leaves it; dropped it"]
+    path.write_text('{"step": 1}\n[1, 2]\n{"step": 2}\n')
+    from relax.runtime.metrics import MetricsFileError
+
+    with pytest.raises(MetricsFileError, match=r"metrics.jsonl: line 2 is a JSON list, not an object"):
+        MetricsLog(path, resume_after_step=2)
+    assert path.read_text() == '{"step": 1}\n[1, 2]\n{"step": 2}\n'  # untouched
+
+
+class _FakeActor:
+    def __init__(self, state):
+        self.state = state
+
+    @property
+    def state_dict(self):
+        return type("Remote", (), {"remote": lambda _self: self.state})()
+
+
+def _fake_runtime(keep=None):
+    import types
+
+    config = types.SimpleNamespace(advantage_estimator="grpo", backend="torch", hf_checkpoint=None,
+                                   keep_checkpoints=keep, algorithm=AlgorithmConfig())
+    backend = types.SimpleNamespace(gathers_on_all_ranks=False)
+    return types.SimpleNamespace(actors=[_FakeActor({"backend": {"model": {"w": torch.ones(4096)}}})],
+                                 rollouts=[_FakeActor({})], critic=None, config=config, backend_cls=backend)
+
+
+@pytest.fixture
+def no_ray_get(monkeypatch):
+    monkeypatch.setattr("relax.runtime.waits.get", lambda refs, what, timeout=None: list(refs))
+
+
+def _files(root: Path) -> dict[str, int]:
+    return {str(p.relative_to(root)): p.stat().st_size for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_a_full_disk_while_saving_is_one_line_and_leaves_no_partial_files(tmp_path, monkeypatch, no_ray_get):
+    import errno
+
+    from relax.runtime import checkpoints as C
+
+    runtime = _fake_runtime(keep=1)
+    out = tmp_path / "run"
+    first = C.save_checkpoint(runtime, out, 1)
+    before = _files(out)
+    real_save = torch.save
+
+    def disk_full(state, f):  # what torch does when the disk fills: a RuntimeError over the OSError
+        f.write(b"x" * 100)
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        except OSError:
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 581952 vs 581844")
+
+    monkeypatch.setattr(C.torch, "save", disk_full)
+    with pytest.raises(C.CheckpointSaveError) as info:
+        C.save_checkpoint(runtime, out, 2)
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith(f"saving the checkpoint of step 2 to {out / 'checkpoints' / 'step_000002'} failed: "
+                              "No space left on device (")
+    assert message.endswith(f"its partial files were removed and the last good checkpoint is {first.parent} "
+                            f"(resume with --load {first.parent})")
+    assert _files(out) == before  # no state.tmp, no empty step directory, and step 1 was not pruned
+    monkeypatch.setattr(C.torch, "save", real_save)
+    assert C.read_checkpoint(str(out))[1]["step"] == 1
+    # the CLI prints it as one error line (exit 1)
+    from relax.cli.main import _run_error_message
+
+    assert _run_error_message(info.value) == message
+
+
+def _tmpfs(path: Path, size: str) -> bool:
+    path.mkdir()
+    if os.geteuid() != 0:
+        return False
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True)
+    return done.returncode == 0
+
+
+@pytest.mark.timeout(60)
+def test_a_real_full_disk(tmp_path, no_ray_get):
+    """The same on a 1 MiB tmpfs (needs root and mount): a real full disk, the checkpoint and the plot."""
+    from relax.cli.plot import write_run_plot
+    from relax.runtime import checkpoints as C
+
+    disk = tmp_path / "disk"
+    if not _tmpfs(disk, "1m"):
+        pytest.skip("mounting a tmpfs needs root and mount(8)")
+    try:
+        runtime = _fake_runtime()
+        runtime.actors[0].state = {"backend": {"model": {"w": torch.ones(16)}}}
+        first = C.save_checkpoint(runtime, disk, 1)
+        runtime.actors[0].state = {"backend": {"model": {"w": torch.ones(400_000)}}}  # 1.6 MB
+        with pytest.raises(C.CheckpointSaveError, match="step 2 .* failed: No space left on device") as info:
+            C.save_checkpoint(runtime, disk, 2)
+        assert f"the last good checkpoint is {first.parent}" in str(info.value)
+        assert sorted(p.name for p in (disk / "checkpoints").iterdir()) == ["step_000001"]
+        assert sorted(p.name for p in first.parent.iterdir()) == ["state.pt"]  # no state.tmp
+        rows = "".join(f'{{"step": {i}, "reward/correct/mean": 0.5}}\n' for i in range(1, 4))
+        (disk / "metrics.jsonl").write_text(rows)
+        with open(disk / "filler", "wb") as f:  # fill what is left
+            with pytest.raises(OSError):
+                while True:
+                    f.write(b"\0" * 65536)
+                    f.flush()
+        write_run_plot(disk)
+        assert not (disk / "rewards.png").exists()  # no zero-byte image
+        assert not [p for p in disk.iterdir() if p.name.endswith(".partial")]
+    finally:
+        subprocess.run(["umount", str(disk)], check=False)
+
+
+def test_a_reward_function_that_exits_is_one_line(refuse, ws):
+    (ws / "relax_exits_reward.py").write_text(
+        "import sys\n\ndef reward(prompt, completion, label, metadata):\n    sys.exit(3)\n")
+    err = refuse(DATA, "good.jsonl", RM, "relax_exits_reward:reward")
+    assert "reward function relax_exits_reward.reward raised SystemExit: 3" in err

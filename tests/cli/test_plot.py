@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 
@@ -76,6 +77,24 @@ def test_end_of_run_plot_says_where_and_never_fails(tmp_path, capsys):
     assert P.write_run_plot(tmp_path / "empty") is None  # a run that logged nothing: no figure
     broken = tmp_path / "broken"
     broken.mkdir()
-    (broken / "metrics.jsonl").write_text("{not json\n")
+    (broken / "metrics.jsonl").write_text('{not json\n{"step": 1, "reward/correct/mean": 0.5}\n')
     assert P.write_run_plot(broken) is None
     assert "could not plot the reward curves" in capsys.readouterr().err
+    assert not (broken / "rewards.png").exists()
+
+
+def test_damaged_metrics_files(cli, tmp_path):
+    run = _run(tmp_path / "cut", [0.1, 0.2])
+    with (run / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 3, "reward/corr')  # what a kill -9 mid-write leaves
+    code, out, err = cli("plot", run)
+    assert code == 0 and out.strip() == str(run / "rewards.png")
+    assert err.strip() == (f"relax plot: warning: {run / 'metrics.jsonl'}: line 3 is incomplete (24 bytes, not valid "
+                           "JSON (Unterminated string starting at)), as a crash mid-write leaves it; dropped it")
+    noise = tmp_path / "noise"
+    noise.mkdir()
+    (noise / "metrics.jsonl").write_bytes(random.Random(0).randbytes(4096))  # random bytes
+    code, _, err = cli("plot", noise)
+    assert code == 2 and "Traceback" not in err and err.count("relax plot: error:") == 1
+    assert f"{noise / 'metrics.jsonl'}: line 1 is not" in err and "fix or delete that line" in err
+    assert not (noise / "rewards.png").exists()

@@ -48,6 +48,26 @@ class TrainingBackend(abc.ABC):
     dp_group = None
     writes_shared_fields: bool = True
 
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if cls.supports_critic and cls.compute_values is TrainingBackend.compute_values:
+            raise TypeError(f"{cls.__name__} sets supports_critic but does not implement compute_values")
+
+    # -- the registry's light questions (must not import the backend's heavy dependencies) -----
+
+    @classmethod
+    def config_errors(cls, config) -> list[str]:
+        """Everything ``config`` (a ``RunConfig``) asks of this backend that it cannot do, each a
+        message naming the flag to change; checked before any worker starts."""
+        from relax.backends import optim
+
+        return optim.config_errors(config)
+
+    @classmethod
+    def load(cls) -> type["TrainingBackend"]:
+        """The class that trains; a light registry entry overrides this to import its backend lazily."""
+        return cls
+
     # -- construction -------------------------------------------------------------------------
 
     @classmethod
@@ -87,6 +107,11 @@ class TrainingBackend(abc.ABC):
         shares of the mini-batch, like the loss: see ``PolicyLossOutput``). ``with_entropy``: whether
         the loss needs the per-token entropy."""
 
+    def compute_values(self, batch: TokenBatch, *, micro_batch_size: int | None = None) -> torch.Tensor:
+        """The critic's per-token values ``[N, T]`` of the response tokens, without gradients (a
+        backend built by ``for_critic``; required when ``supports_critic``)."""
+        raise NotImplementedError(f"--backend {self.name} has no critic (value-head) backend")
+
     # -- state ----------------------------------------------------------------------------------
 
     @abc.abstractmethod
@@ -96,6 +121,13 @@ class TrainingBackend(abc.ABC):
 
     @abc.abstractmethod
     def load_state_dict(self, state: Mapping) -> None: ...
+
+    @classmethod
+    def weights_in_state(cls, state: Mapping) -> Mapping[str, torch.Tensor]:
+        """The weights a rollout engine loads, found in a ``state_dict()`` of this backend (checkpoint
+        restore and the Hugging Face export read them from here): by default its ``"model"`` entry,
+        the same tensors ``export_weights`` gives."""
+        return state["model"]
 
     @abc.abstractmethod
     def export_weights(self) -> dict[str, torch.Tensor]:

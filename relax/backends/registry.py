@@ -9,13 +9,16 @@ a configuration before Ray starts and without importing megatron-core. Nothing o
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Mapping
 
-# name -> (module with ``config_errors(config)``, how to load the class)
+from relax.importing import load_attribute
+
+# name -> the backend's entry class. An entry answers the light questions (``config_errors``) without
+# the backend's heavy dependencies; ``load()`` returns the class that trains (the entry itself for
+# torch; for Megatron a shim whose ``load`` imports megatron-core).
 BACKENDS = {
-    "torch": ("relax.backends.torch_backend", "relax.backends.torch_backend:TorchBackend"),
-    "megatron": ("relax.backends.megatron", "relax.backends.megatron:load_megatron_backend"),
+    "torch": "relax.backends.torch_backend:TorchBackend",
+    "megatron": "relax.backends.megatron:MegatronEntry",
 }
 
 
@@ -23,30 +26,23 @@ def backend_names() -> tuple[str, ...]:
     return tuple(BACKENDS)
 
 
-def _entry(name: str) -> tuple[str, str]:
+def backend_entry(name: str):
+    """The entry class of ``--backend name`` (light: imports no heavy dependency)."""
     try:
-        return BACKENDS[name]
+        spec = BACKENDS[name]
     except KeyError:
         raise ValueError(f"--backend {name!r}: unknown backend; choose one of {', '.join(BACKENDS)}") from None
+    return load_attribute(spec, "--backend")
 
 
 def get_backend(name: str):
     """The ``TrainingBackend`` subclass for ``--backend name`` (a missing extra raises with its install hint)."""
-    module, _, attr = _entry(name)[1].partition(":")
-    found = getattr(importlib.import_module(module), attr)
-    return found if isinstance(found, type) else found()  # a loader function imports lazily
+    return backend_entry(name).load()
 
 
 def config_errors(config) -> list[str]:
     """Everything ``config`` asks of its ``--backend`` that the backend cannot do (empty: fine)."""
-    return importlib.import_module(_entry(config.backend)[0]).config_errors(config)
-
-
-def check_config(config) -> None:
-    """``ValueError`` with every ``config_errors`` message (for ``run(config)`` called from Python)."""
-    errors = config_errors(config)
-    if errors:
-        raise ValueError("; ".join(errors))
+    return backend_entry(config.backend).config_errors(config)
 
 
 def get_critic_backend(name: str):

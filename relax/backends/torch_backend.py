@@ -39,18 +39,6 @@ from relax.models.batch import (
 from relax.models.value import response_values
 
 
-def config_errors(config) -> list[str]:
-    """What a ``RunConfig`` asks of ``--backend torch`` that it cannot do."""
-    errors = optim.config_errors(config) + lora_config_errors(config)
-    tp, pp = config.tensor_model_parallel_size, config.pipeline_model_parallel_size
-    if tp != 1 or pp != 1:
-        errors.append(
-            f"--tensor-model-parallel-size / --pipeline-model-parallel-size ({tp} / {pp}) need "
-            f"--backend megatron; the {config.backend} backend is data-parallel only"
-        )
-    return errors
-
-
 _LORA_DEFAULTS = {"lora_alpha": ("--lora-alpha", 16.0), "lora_dropout": ("--lora-dropout", 0.0),
                   "lora_target_modules": ("--lora-target-modules", ("all-linear",))}
 
@@ -105,6 +93,18 @@ class TorchBackend(TrainingBackend):
 
     name = "torch"
     supports_critic = True
+
+    @classmethod
+    def config_errors(cls, config) -> list[str]:
+        """What a ``RunConfig`` asks of ``--backend torch`` that it cannot do."""
+        errors = optim.config_errors(config) + lora_config_errors(config)
+        tp, pp = config.tensor_model_parallel_size, config.pipeline_model_parallel_size
+        if tp != 1 or pp != 1:
+            errors.append(
+                f"--tensor-model-parallel-size / --pipeline-model-parallel-size ({tp} / {pp}) need "
+                f"--backend megatron; the {config.backend} backend is data-parallel only"
+            )
+        return errors
 
     @classmethod
     def for_policy(cls, config, model: nn.Module, *, process_group=None) -> "TorchBackend":

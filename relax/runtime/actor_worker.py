@@ -24,11 +24,12 @@ from relax.backends.registry import get_backend
 from relax.models.batch import TokenBatch, response_log_probs
 from relax.models.factory import build_policy_model, build_reference_model, forward_logits_fn
 from relax.runtime.actor_metrics import STEP_METRICS_KEY, combine_actor_metrics
-from relax.runtime.fields import BATCH_FIELDS, AttachesDataPlane, token_batch
+from relax.rollout.environments import is_multi_turn
+from relax.runtime.fields import ATTENTION_FIELD, BATCH_FIELDS, AttachesDataPlane, token_batch
 from relax.runtime.losses import policy_loss_fn, zero_loss
 from relax.runtime.rollouts import plan_from_rollouts
 from relax.runtime.schedule import StepPlan, num_minibatches, segment_slices, staleness_metrics
-from relax.runtime.weights import pack_weights
+from relax.runtime.weight_sync import ObjectStoreSync
 
 
 class ActorCore:
@@ -56,9 +57,11 @@ class ActorCore:
         # What the rollout writes besides the tokens: its sampling log-probs when the loss corrects
         # for the behaviour policy, and each sample's policy version in asynchronous runs.
         self.sample_fields = (("rollout_log_probs",) if config.algorithm.off_policy_correction != "none" else ()) + (
-            ("policy_version",) if config.fully_async else ())
+            ("policy_version",) if config.fully_async else ()) + (
+            (ATTENTION_FIELD,) if is_multi_turn(config) else ())  # environment turns (--env-path)
         self._cache: dict | None = None
         self._last_train_end: float | None = None
+        self.weight_sync = ObjectStoreSync()  # the weight route's training side (relax.runtime.weight_sync)
 
     def init_process_group(self, address: str) -> bool:
         """Join the process group of all actor ranks at ``tcp://address``, then build the backend on it."""
@@ -202,6 +205,7 @@ class ActorCore:
                                    if "rollout_log_probs" in shard["fields"] else None),
                 global_num_tokens=tokens,
                 global_num_sequences=sequences,
+                max_response_length=self.config.rollout_max_response_len,
                 step=shard["step"],
             )
         metrics = self.backend.train_step(sub, loss_fn, micro_batch_size=self.config.micro_batch_size,
@@ -263,7 +267,7 @@ class ActorCore:
             "time/actor/wait_advantages_s": t_adv - t1,
             "time/actor/optimize_s": t2 - t_adv,
         })
-        weights = self._rank0_of_collective(self.backend.export_weights) if return_weights else None
+        weights = self.weight_sync.export(self.backend, self.rank) if return_weights else None
         self._last_train_end = time.perf_counter()
         return metrics, weights
 
@@ -340,5 +344,4 @@ class ActorWorker(AttachesDataPlane, ActorCore):
         if plan.num_groups == 0:
             return {}, None  # every group was dropped: nothing to train on, weights unchanged
         metrics, weights = self.train(step, plan, with_values=with_values, with_kl=with_kl)
-        # One byte buffer crosses to the rollout faster than a dict of tensors (relax.runtime.weights).
-        return metrics, (pack_weights(weights) if weights is not None else None)
+        return metrics, (self.weight_sync.publish(weights) if weights is not None else None)

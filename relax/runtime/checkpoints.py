@@ -191,7 +191,8 @@ def save_checkpoint(runtime, out: Path, step: int, timeout: float | None = None)
     if runtime.config.hf_checkpoint:
         from relax.models.hf.checkpoint import export_hf_checkpoint
 
-        export_hf_checkpoint(actor["backend"]["model"], runtime.config.hf_checkpoint, path.parent / "hf")
+        export_hf_checkpoint(runtime.backend_cls.weights_in_state(actor["backend"]), runtime.config.hf_checkpoint,
+                             path.parent / "hf")
     keep = getattr(runtime.config, "keep_checkpoints", None)
     if keep:
         prune_checkpoints(out, keep)
@@ -282,8 +283,14 @@ def restore_checkpoint(runtime, state: dict) -> None:
     """Load ``state`` into the live roles (the rollout also takes the actor's weights)."""
     from relax.runtime.waits import get
 
+    import ray
+
+    from relax.runtime.weight_sync import ObjectStoreSync
+
     refs = [a.load_state_dict.remote(state["actor"]) for a in runtime.actors]
-    weights = state["actor"]["backend"]["model"]
+    # The rollout engines take the saved weights through the weight route, as after a training step:
+    # one handle in the object store, which every rollout worker receives.
+    weights = ray.put(ObjectStoreSync().from_checkpoint(runtime.backend_cls, state["actor"]["backend"]))
     refs += [w.load_state_dict.remote(r, weights) for w, r in zip(runtime.rollouts, rollout_states(state))]
     if runtime.critic is not None:
         refs.append(runtime.critic.load_state_dict.remote(state["critic"]))

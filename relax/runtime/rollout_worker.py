@@ -39,11 +39,12 @@ from relax.rollout import factory as rollout_factory
 from relax.rollout.base import SamplingParams
 from relax.rollout.hooks import FILTER_FLAG, POST_PROCESS_FLAG, call_keep_filter, call_post_process
 from relax.rollout.rewards import load_function
+from relax.rollout.environments import episode_runner
 from relax.rollout.sampling import sample_groups
 from relax.runtime.evaluation import sample_eval_slice
-from relax.runtime.fields import AttachesDataPlane
+from relax.runtime.fields import ATTENTION_FIELD, AttachesDataPlane
 from relax.runtime.metrics import completion_records, response_stats
-from relax.runtime.weights import unpack_weights
+from relax.runtime.weight_sync import ObjectStoreSync
 
 # Fields the rollout writes for every kept completion. Masks travel as bool (1 byte, not 8: the
 # readers want bool anyway). The sampler's per-token log-probs are not written: no role reads them,
@@ -79,6 +80,8 @@ class RolloutCore:
         self.tokenizer = self.engine.tokenizer
         self.prompts = rollout_factory.build_prompt_source(config, self.tokenizer)
         self.reward_fn, self.reward_keys = rollout_factory.reward_setup(config)
+        # Multi-turn episodes (--env-path, or a task with an environment); None: one completion each.
+        self.episodes = episode_runner(config)
         # The user's hooks, loaded in this process (the CLI loaded them once already to fail early).
         self.post_process = (
             load_function(config.custom_reward_post_process_path, POST_PROCESS_FLAG)
@@ -107,6 +110,7 @@ class RolloutCore:
         self.data_plane = data_plane
         self._last_end: float | None = None
         self._eval_prompts: list | None = None  # built on the first evaluation
+        self.weight_sync = ObjectStoreSync()  # the weight route's receiving side (relax.runtime.weight_sync)
 
     def _my_prompts(self) -> list:
         per_worker = self.round_prompts // self.num_workers
@@ -119,7 +123,8 @@ class RolloutCore:
         prompts = self._my_prompts()
         scored = sample_groups(self.engine, prompts, self.config.algorithm.n_samples_per_prompt, self.params,
                                generator=self.generator, reward_fn=self.reward_fn, reward_keys=self.reward_keys,
-                               concurrency=self.config.reward_concurrency)
+                               concurrency=self.config.reward_concurrency,
+                               episodes=self.episodes.at_step(step) if self.episodes is not None else None)
         rewards = scored.rewards
         # unique over the step's workers and rounds
         group_ids = scored.owner + (round_index * self.num_workers + self.index) * len(prompts)
@@ -134,7 +139,7 @@ class RolloutCore:
         return {
             "gen": scored.generation, "texts": scored.texts, "completions": scored.completions,
             "labels": scored.labels, "samples": samples, "rewards": rewards, "group_ids": group_ids, "keep": keep,
-            "generate_s": scored.generate_s, "reward_s": scored.reward_s,
+            "generate_s": scored.generate_s, "reward_s": scored.reward_s, "episode_stats": scored.episode_stats,
         }
 
     def _reward_stage(self, step: int, rewards: torch.Tensor, group_ids: torch.Tensor, samples: list) -> torch.Tensor:
@@ -161,7 +166,7 @@ class RolloutCore:
         t0 = time.perf_counter()
         idle = t0 - self._last_end if self._last_end is not None else 0.0
         if weights is not None:
-            self.engine.load_weights(unpack_weights(weights))
+            self.weight_sync.receive(weights, self.engine)
         n = self.config.algorithm.n_samples_per_prompt
         rounds: list[dict] = []
         kept = 0
@@ -196,6 +201,8 @@ class RolloutCore:
                     "rewards": normalized[offset : offset + count].float(),
                     "raw_rewards": r["rewards"][k],
                 }
+                if batch.response_attention_mask is not None:  # environment turns (relax.models.batch)
+                    fields[ATTENTION_FIELD] = batch.response_attention_mask[k].bool()
                 if self.write_rollout_log_probs:
                     fields["rollout_log_probs"] = r["gen"].log_probs[k].float()
                 if self.write_policy_version:
@@ -218,6 +225,7 @@ class RolloutCore:
             "group_ids": group_ids,
             "samples": len(texts),
             "sampling_rounds": len(rounds),
+            "episode_stats": [r["episode_stats"] for r in rounds if r["episode_stats"]],  # multi-turn
             "generated_tokens": sum(int(r["gen"].batch.response_mask.sum()) for r in rounds),
             # response_len_max, truncated (relax.runtime.metrics.response_metrics merges them)
             "response_len_max": max(s["response_len_max"] for s in stats),
@@ -229,6 +237,8 @@ class RolloutCore:
             "times": {
                 "time/rollout/generate_s": sum(r["generate_s"] for r in rounds),
                 "time/rollout/reward_s": sum(r["reward_s"] for r in rounds),
+                **({"time/rollout/env_s": sum(r["episode_stats"]["env_s"] for r in rounds)}
+                   if self.episodes is not None else {}),  # multi-turn: environment reset/step time
                 "time/rollout/write_s": t4 - t3,
                 "time/rollout/total_s": t4 - t0,
                 # since this worker's previous rollout: waiting for the weights it samples with
@@ -248,7 +258,7 @@ class RolloutCore:
         ones the engine holds). The next rollout loads its own version's weights, and neither the
         prompt stream nor the training generator is used."""
         if weights is not None:
-            self.engine.load_weights(unpack_weights(weights))
+            self.weight_sync.receive(weights, self.engine)
         return sample_eval_slice(self, version)
 
     # -- checkpoints --
@@ -259,7 +269,7 @@ class RolloutCore:
         self.prompts.load_state_dict(state["prompts"])
         self.generator.set_state(state["generator"])
         if weights is not None:
-            self.engine.load_weights(weights)
+            self.weight_sync.receive(weights, self.engine)
 
 
 class RolloutWorker(AttachesDataPlane, RolloutCore):

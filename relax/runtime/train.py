@@ -19,7 +19,6 @@ import attrs
 import torch
 
 from relax.algorithms import load_algorithm
-from relax.backends.registry import check_config as check_backend_config
 from relax.runtime import roles as R
 from relax.runtime.checkpoints import (
     check_checkpoint,
@@ -122,7 +121,6 @@ def run(config) -> RunSummary:
     # would refuse it (ConfigError listing every problem). Warnings are printed by `relax train`.
     validate(config, algorithm_cls)
     layout = R.derive_roles(algorithm_cls, config)
-    check_backend_config(config)  # e.g. Megatron's parallel layout, before any worker starts
     out = output_dir_of(config)
     # Refuse another run's directory (unless resuming or --overwrite-output-dir) and hold its lock while
     # this function runs (re-entrant: `relax train` already holds it); relax.runtime.run_dir.

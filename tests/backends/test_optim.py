@@ -12,7 +12,9 @@ import torch
 
 from relax.algorithms.types import PolicyLossOutput
 from relax.backends import optim
-from relax.backends.torch_backend import TorchBackend, config_errors
+from relax.backends.torch_backend import TorchBackend
+
+config_errors = TorchBackend.config_errors
 from relax.config.run import RunConfig
 from test_torch_backend import advantages_for, make_batch, make_model, weighted_loss
 

@@ -12,10 +12,12 @@ import torch
 pytest.importorskip("peft", reason="the lora extra (peft) is not installed")
 
 from relax.algorithms.types import PolicyLossOutput  # noqa: E402
-from relax.backends.torch_backend import TorchBackend, config_errors  # noqa: E402
+from relax.backends.torch_backend import TorchBackend  # noqa: E402
 from relax.models.batch import TokenBatch  # noqa: E402
 from relax.models.hf import export_hf_checkpoint, load_hf_model, load_hf_state_dict  # noqa: E402
 from relax.models.hf.lora import ADAPTER_CONFIG_KEY, adapter_settings  # noqa: E402
+
+config_errors = TorchBackend.config_errors
 from relax.config.run import RunConfig  # noqa: E402
 
 
@@ -126,7 +128,9 @@ def test_lora_flags_are_checked_naming_the_flag(checkpoints):
     assert any("--hf-checkpoint" in e for e in config_errors(RunConfig(lora_rank=4)))
     assert config_errors(RunConfig(lora_alpha=32.0)) == ["--lora-alpha has no effect without --lora-rank"]
     assert any("--lora-target-modules" in e for e in config_errors(RunConfig(lora_target_modules=("q_proj",))))
-    from relax.backends.megatron import config_errors as megatron_errors
+    from relax.backends.megatron import MegatronEntry
+
+    megatron_errors = MegatronEntry.config_errors
 
     assert any("--lora-rank" in e and "torch" in e for e in megatron_errors(RunConfig(lora_rank=4, backend="megatron")))
     with pytest.raises(ValueError, match="--lora-target-modules nope"):

@@ -9,6 +9,8 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+from relax.backends.base import TrainingBackend
+
 INSTALL_HINT = (
     "--backend megatron needs megatron-core, which is not installed. Install the extra with "
     "`pip install 'relax-rl[megatron]'` (megatron-core==0.16.1; keep torch==2.13.0 pinned)."
@@ -43,26 +45,37 @@ def megatron_installed() -> bool:
     return any((Path(p) / "core" / "__init__.py").is_file() for p in spec.submodule_search_locations)
 
 
-def config_errors(config) -> list[str]:
-    """What a ``RunConfig`` asks of ``--backend megatron`` that it cannot do (without importing it)."""
-    from relax.backends import optim
+class MegatronEntry(TrainingBackend):
+    """The registry's entry for ``--backend megatron``: the configuration check, without megatron-core.
+    ``MegatronBackend`` (``relax.backends.megatron.backend``) derives from it; ``load()`` imports it."""
 
-    errors = optim.config_errors(config)
-    if config.lora_rank:
-        errors.append("--lora-rank is implemented for --backend torch only; drop it or use --backend torch")
-    if not megatron_installed():
-        errors.append(
-            "--backend megatron needs megatron-core, which is not installed: pip install 'relax-rl[megatron]' "
-            "(or use --backend torch)"
-        )
-    tp, pp = config.tensor_model_parallel_size, config.pipeline_model_parallel_size
-    if config.hf_checkpoint:  # architecture and tp/pp layout, from config.json (no megatron import)
-        from relax.backends.megatron.hf_convert import checkpoint_errors
+    name = "megatron"
 
-        errors.extend(checkpoint_errors(config.hf_checkpoint, tp_size=tp, pp_size=pp))
-    if config.actor_num_workers % (tp * pp):
-        errors.append(
-            f"--actor-num-workers {config.actor_num_workers} must be a multiple of "
-            f"--tensor-model-parallel-size {tp} x --pipeline-model-parallel-size {pp} = {tp * pp}"
-        )
-    return errors
+    @classmethod
+    def load(cls):
+        return load_megatron_backend()
+
+    @classmethod
+    def config_errors(cls, config) -> list[str]:
+        """What a ``RunConfig`` asks of ``--backend megatron`` that it cannot do (without importing it)."""
+        from relax.backends import optim
+
+        errors = optim.config_errors(config)
+        if config.lora_rank:
+            errors.append("--lora-rank is implemented for --backend torch only; drop it or use --backend torch")
+        if not megatron_installed():
+            errors.append(
+                "--backend megatron needs megatron-core, which is not installed: pip install 'relax-rl[megatron]' "
+                "(or use --backend torch)"
+            )
+        tp, pp = config.tensor_model_parallel_size, config.pipeline_model_parallel_size
+        if config.hf_checkpoint:  # architecture and tp/pp layout, from config.json (no megatron import)
+            from relax.backends.megatron.hf_convert import checkpoint_errors
+
+            errors.extend(checkpoint_errors(config.hf_checkpoint, tp_size=tp, pp_size=pp))
+        if config.actor_num_workers % (tp * pp):
+            errors.append(
+                f"--actor-num-workers {config.actor_num_workers} must be a multiple of "
+                f"--tensor-model-parallel-size {tp} x --pipeline-model-parallel-size {pp} = {tp * pp}"
+            )
+        return errors

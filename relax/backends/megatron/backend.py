@@ -24,10 +24,10 @@ import torch
 import torch.distributed as dist
 
 from relax.backends import optim
-from relax.backends.base import LossFn, TokenBatch, TokenLogProbs, TrainingBackend
-from relax.backends.megatron import _cpu_compat
-from relax.backends.megatron.logprobs import vocab_parallel_entropy, vocab_parallel_log_probs
+from relax.backends.base import LossFn, TokenBatch, TokenLogProbs
+from relax.backends.megatron import MegatronEntry, _cpu_compat
 from relax.backends.megatron.families import ModelFamily, TinyFamily, family_of
+from relax.backends.megatron.logprobs import vocab_parallel_entropy, vocab_parallel_log_probs
 from relax.backends.megatron.model import local_tensors, mask_padded_vocab
 from relax.models.tiny.model import TinyLMConfig
 
@@ -79,7 +79,7 @@ def init_parallel_state(tp_size: int, pp_size: int, seed: int) -> None:
     tensor_parallel.model_parallel_cuda_manual_seed(seed, inference_rng_tracker=True, force_reset_rng=True)
 
 
-class MegatronBackend(TrainingBackend):
+class MegatronBackend(MegatronEntry):
     """``TrainingBackend`` on megatron-core: GPTModel + Megatron DDP + Megatron (Adam) optimizer.
 
     ``model_config`` is a model family adapter (``relax.backends.megatron.families``: the built-in

@@ -107,7 +107,13 @@ def test_first_answer_tag_is_judged():
     assert out["correctness"] == 0.0
 
 
-@pytest.mark.parametrize("answer, correct, integer", [("17.0", 1.0, 0.0), ("17.5", 0.0, 0.0), ("$17", 0.0, 0.0), ("17 apples", 0.0, 0.0)])
+# correctness is math-verify's equivalence (relax.rewards.math): units and a currency sign do not change
+# the number; integer still wants the bare integer
+@pytest.mark.parametrize(
+    "answer, correct, integer",
+    [("17.0", 1.0, 0.0), ("17.5", 0.0, 0.0), ("$17", 1.0, 0.0), ("17 apples", 1.0, 0.0),
+     (r"\frac{34}{2}", 1.0, 0.0), ("18 apples", 0.0, 0.0)],
+)
 def test_decimals_units_and_words(answer, correct, integer):
     out = score(f"<think>t</think><answer>{answer}</answer>")
     assert (out["correctness"], out["integer"]) == (correct, integer)

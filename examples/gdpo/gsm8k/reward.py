@@ -5,18 +5,18 @@ integer``. Each component is 0.0 or 1.0 and they are judged independently of eac
 number without the ``<think>`` block still scores ``correctness``), so that each one carries its own
 signal:
 
-- ``correctness``: the text inside the first ``<answer>…</answer>`` is a number equal to the label's
-  final number. The label may be a raw GSM8K answer (worked solution ending in ``#### 42``) or just
-  the number; thousands separators (``1,234``), a sign (``-7``), decimals (``2.50`` equals ``2.5``)
-  and surrounding whitespace are accepted on both sides. Anything else inside the tags (units,
-  words, ``$``) is not a number and scores 0.
+- ``correctness``: ``relax.rewards.math`` (math-verify) finds the answer inside the first
+  ``<answer>…</answer>`` equal to the label's final number. The label may be a raw GSM8K answer
+  (worked solution ending in ``#### 42``) or just the number. Equality is mathematical: ``17.0``,
+  ``$17``, ``17 apples`` and ``\\frac{34}{2}`` all equal 17, thousands separators (``1,234``) and a
+  sign are understood; a completion without the tags has no answer and scores 0.
 - ``format``: the whole completion is ``<think>…</think>`` followed by ``<answer>…</answer>``, each
   tag exactly once, a non-empty answer, and nothing but whitespace around them.
-- ``integer``: the answer is written as an integer (optionally signed, optionally with thousands
-  separators): ``42`` and ``1,234`` yes, ``42.0`` and ``42.5`` no.
+- ``integer``: the answer is written as a bare integer (optionally signed, optionally with thousands
+  separators): ``42`` and ``1,234`` yes, ``42.0``, ``42.5`` and ``42 apples`` no.
 
 A label without a final number is a data error and raises ``ValueError`` (it would otherwise teach
-the model that every answer is wrong).
+the model that every answer is wrong). ``correctness`` needs the ``rewards`` extra (math-verify).
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ import re
 from collections.abc import Mapping
 from decimal import Decimal, InvalidOperation
 from typing import Any
+
+from relax.rewards import math as math_rewards
 
 PROMPT_SUFFIX = (
     "\n\nReason step by step inside <think> </think> tags, then write only the final number "
@@ -78,14 +80,16 @@ def extract_answer(completion: str) -> str | None:
     return match.group(1) if match else None
 
 
+_correct = math_rewards.make_score(answer_tag="answer")
+
+
 def reward(prompt: str, completion: str, label: Any, metadata: Mapping) -> dict[str, float]:
     """``{"correctness", "format", "integer"}``, each 0.0 or 1.0 (see the module docstring)."""
-    target = label_number(label)
+    label_number(label)  # a label without a final number stops the run with this recipe's message
     answer = extract_answer(completion)
-    value = parse_number(answer) if answer is not None else None
     format_match = _FORMAT_RE.fullmatch(completion)
     return {
-        "correctness": float(value is not None and value == target),
+        "correctness": _correct(prompt, completion, label, metadata)["correct"],
         "format": float(format_match is not None and format_match.group(1).strip() != ""),
         "integer": float(answer is not None and _INTEGER_RE.fullmatch(answer.strip()) is not None),
     }

@@ -17,7 +17,8 @@ from relax.algorithms import PolicyLossOutput, numerics
 from relax.backends.registry import get_critic_backend
 from relax.models.factory import build_policy_model
 from relax.models.value import ValueModel
-from relax.runtime.fields import BATCH_FIELDS, AttachesDataPlane, token_batch
+from relax.rollout.environments import is_multi_turn
+from relax.runtime.fields import AttachesDataPlane, batch_fields, token_batch
 from relax.runtime.rollouts import plan_from_rollouts
 from relax.runtime.schedule import StepPlan, num_minibatches, segment_slices
 
@@ -34,7 +35,8 @@ class CriticCore:
 
     def values(self, step: int, plan: StepPlan) -> dict:
         t0 = time.perf_counter()
-        read = self.data_plane.read(step, BATCH_FIELDS, "critic", plan.num_groups, plan.uids)
+        read = self.data_plane.read(step, batch_fields(is_multi_turn(self.config)), "critic", plan.num_groups,
+                                    plan.uids)
         batch = token_batch(read.fields)
         values = self.backend.compute_values(batch)
         self.data_plane.add_fields(read, {"values": values})

@@ -91,7 +91,8 @@ def sample_eval_slice(core, version: int) -> dict:
         return report
     scored = sample_groups(core.engine, mine, n, eval_sampling_params(cfg),
                            generator=eval_generator(cfg.seed, version, core.index), reward_fn=core.reward_fn,
-                           reward_keys=keys, concurrency=cfg.reward_concurrency)
+                           reward_keys=keys, concurrency=cfg.reward_concurrency,
+                           episodes=getattr(core, "episodes", None))  # --env-path: evaluation episodes
     texts, completions, labels = scored.texts, scored.completions, scored.labels
     report["generate_s"] = scored.generate_s
     report["rewards"] = scored.rewards

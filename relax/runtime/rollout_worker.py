@@ -37,9 +37,9 @@ from relax.algorithms import load_algorithm, numerics
 from relax.algorithms.types import check_normalized_rewards
 from relax.rollout import factory as rollout_factory
 from relax.rollout.base import SamplingParams
+from relax.rollout.environments import episode_runner
 from relax.rollout.hooks import FILTER_FLAG, POST_PROCESS_FLAG, call_keep_filter, call_post_process
 from relax.rollout.rewards import load_function
-from relax.rollout.environments import episode_runner
 from relax.rollout.sampling import sample_groups
 from relax.runtime.evaluation import sample_eval_slice
 from relax.runtime.fields import ATTENTION_FIELD, AttachesDataPlane

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
+from relax.rollout.environments.episodes import episode_metrics
 from relax.runtime.metrics import response_metrics, reward_metrics
 from relax.runtime.schedule import StepPlan, plan_step
 
@@ -44,5 +45,8 @@ def rollout_metrics(algorithm, rolls: Sequence[dict]) -> dict[str, float]:
     })
     for key in rolls[0]["times"]:
         metrics[key] = max(r["times"][key] for r in rolls)
+    episodes = [s for r in rolls for s in r.get("episode_stats", ())]
+    if episodes:  # multi-turn: rollout/turns_mean, tool_calls_mean, env_token_frac
+        metrics.update(episode_metrics(episodes))
     metrics.update(response_metrics(rolls))  # length max, truncated share, tokens/s; --log-completions
     return metrics

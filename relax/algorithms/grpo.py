@@ -119,7 +119,8 @@ class GRPO(RLAlgorithm):
 
         def agg(x):
             return numerics.aggregate(x, mask, c.loss_aggregation, global_num_tokens=inputs.global_num_tokens,
-                               global_num_sequences=inputs.global_num_sequences)
+                                      global_num_sequences=inputs.global_num_sequences,
+                                      max_response_length=inputs.max_response_length)
 
         log_ratio = self.log_ratio(logp, old.detach(), mask)
         per_token, flags, scalars = self.surrogate(logp, log_ratio, adv.detach(), mask)

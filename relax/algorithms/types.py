@@ -76,6 +76,8 @@ class PolicyLossInputs:
     of the whole optimizer mini-batch across all micro-batches and data-parallel ranks. When given,
     the loss is divided by them instead of by the local counts, so that summing the micro-batch
     losses (and averaging gradients over ranks times the world size) reproduces the full-batch loss.
+    ``max_response_length``: the generation limit L_max (``--rollout-max-response-len``), the constant
+    of the ``seq_mean_token_sum_norm`` aggregation's divisor.
     """
 
     log_probs: torch.Tensor = attrs.field(validator=_tensor)
@@ -87,6 +89,7 @@ class PolicyLossInputs:
     rollout_log_probs: torch.Tensor | None = attrs.field(default=None, validator=_optional_tensor)
     global_num_tokens: float | None = None
     global_num_sequences: float | None = None
+    max_response_length: int | None = None
 
     def __attrs_post_init__(self):
         shape = self.response_mask.shape

@@ -20,12 +20,15 @@ def policy_loss_fn(
     rollout_log_probs: torch.Tensor | None = None,
     global_num_tokens: float,
     global_num_sequences: float,
+    max_response_length: int | None = None,
     step: int | None = None,
 ) -> LossFn:
     """``loss_fn(token_log_probs, micro)`` for ``TrainingBackend.train_step``: ``algorithm.policy_loss``
     on the micro-batch rows ``micro`` of this mini-batch's tensors, normalized by the mini-batch's
     global token and sequence counts, so the backend's sum over micro-batches (and the gradient
     all-reduce over data-parallel ranks) gives exactly the whole mini-batch's loss.
+    ``max_response_length``: the run's generation limit (``--rollout-max-response-len``), the L_max of
+    ``--loss-aggregation seq_mean_token_sum_norm``.
 
     The output is checked (``check_policy_loss_output``): a non-scalar, non-float or non-finite loss
     stops the run naming the class, the method and ``step`` (when given), before any weight moves."""
@@ -42,6 +45,7 @@ def policy_loss_fn(
                 entropy=tlp.entropy,
                 global_num_tokens=float(global_num_tokens),
                 global_num_sequences=float(global_num_sequences),
+                max_response_length=max_response_length,
             )
         )
         check_policy_loss_output(algorithm, output, step=step)

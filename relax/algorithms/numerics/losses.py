@@ -14,12 +14,18 @@ def aggregate(
     *,
     global_num_tokens: float | None = None,
     global_num_sequences: float | None = None,
+    max_response_length: int | None = None,
 ) -> torch.Tensor:
     """Reduce a ``[N, T]`` per-token quantity to a scalar; masked positions never contribute.
 
     - ``token_mean``: sum over valid tokens / number of valid tokens (or ``global_num_tokens``);
     - ``seq_mean_token_mean``: mean over sequences of each sequence's token mean;
-    - ``seq_mean_token_sum``: mean over sequences of each sequence's token sum (Dr.GRPO-style).
+    - ``seq_mean_token_sum``: mean over sequences of each sequence's token sum;
+    - ``seq_mean_token_sum_norm``: the sum over valid tokens / (B * L_max), B the number of
+      sequences and L_max = ``max_response_length``, the generation limit
+      (``--rollout-max-response-len``), not the longest response of the batch: a constant divisor, so
+      a token weighs the same in a short and a long response and in every batch (Dr. GRPO's
+      normalization; verl's ``seq-mean-token-sum-norm``, TRL's ``dr_grpo``).
 
     "Sequences" are those with at least one valid token; ``global_num_sequences`` replaces their local
     count as the divisor (so micro-batch losses add up to the mini-batch loss).
@@ -29,18 +35,22 @@ def aggregate(
     if mode == "token_mean":
         denom = global_num_tokens if global_num_tokens is not None else mask.sum().clamp(min=1)
         return x.sum() / denom
-    tokens_per_seq = mask.sum(dim=1)
-    seq_sum = x.sum(dim=1)
-    if mode == "seq_mean_token_mean":
-        per_seq = seq_sum / tokens_per_seq.clamp(min=1)
-    elif mode == "seq_mean_token_sum":
-        per_seq = seq_sum
-    else:
+    if mode not in LOSS_AGGREGATIONS:
         raise ValueError(f"unknown loss_aggregation {mode!r}; choose one of {', '.join(LOSS_AGGREGATIONS)}")
+    tokens_per_seq = mask.sum(dim=1)
     if global_num_sequences is not None:
         denom = global_num_sequences
     else:
         denom = (tokens_per_seq > 0).sum().clamp(min=1)
+    seq_sum = x.sum(dim=1)
+    if mode == "seq_mean_token_sum_norm":
+        if max_response_length is None or max_response_length < 1:
+            raise ValueError(
+                "loss_aggregation seq_mean_token_sum_norm divides by the generation limit L_max, but "
+                f"max_response_length is {max_response_length!r}; pass the run's --rollout-max-response-len"
+            )
+        return seq_sum.sum() / (denom * max_response_length)
+    per_seq = seq_sum / tokens_per_seq.clamp(min=1) if mode == "seq_mean_token_mean" else seq_sum
     return per_seq.sum() / denom
 
 

@@ -210,7 +210,13 @@ def load_prompts(config: RunConfig, tokenizer, warnings: list[str] | None = None
             data_logger.disabled = was_disabled
         return [(f"--prompt-data {config.prompt_data} {dataset.unit} {n}", p)
                 for n, p in zip(dataset.line_numbers, dataset.prompts)][:REWARD_SAMPLES]
-    prompts = _task(config).make_prompts(config.seed).next_batch(TOKENIZE_SAMPLES)
+    _task(config)  # a clear message for an unknown --task
+    from relax.rollout.factory import build_prompt_source
+
+    try:  # the rollout's own prompt source (a task for HF models formats with the tokenizer)
+        prompts = build_prompt_source(config, tokenizer).next_batch(TOKENIZE_SAMPLES)
+    except (ValueError, ImportError) as exc:
+        raise PreflightError(f"--task {config.task}: {_first_line(exc)}") from None
     for i, prompt in enumerate(prompts):
         try:
             ids = tokenizer.encode(prompt.text)

@@ -39,7 +39,10 @@ def build_prompt_source(config, tokenizer):
         return prompt_iterator_from_config(config, tokenizer)
     from relax.rollout.tasks import get_task
 
-    return get_task(config.task).make_prompts(config.seed)
+    task = get_task(config.task)
+    if task.prompt_source is not None:  # a task for HF models: formatted with the run's tokenizer
+        return task.prompt_source(config, tokenizer)
+    return task.make_prompts(config.seed)
 
 
 def evaluation_source(config) -> str | None:
@@ -51,11 +54,16 @@ def evaluation_source(config) -> str | None:
         return None
     if config.eval_prompt_data:
         return "file"
-    if config.prompt_data or config.hf_checkpoint or config.custom_rm_path:
-        return None  # a model, prompts or a reward of the user's: only --eval-prompt-data says what to measure
+    if config.prompt_data or config.custom_rm_path:
+        return None  # prompts or a reward of the user's: only --eval-prompt-data says what to measure
     from relax.rollout.tasks import get_task
 
-    return "held-out" if get_task(config.task).held_out is not None else None
+    task = get_task(config.task)
+    if task.needs_hf_checkpoint:  # e.g. reasoning-gym: its held-out problems, for the user's model
+        return "held-out" if task.eval_prompts is not None else None
+    if config.hf_checkpoint:
+        return None  # a model of the user's on the tiny model's task: nothing meaningful to measure
+    return "held-out" if task.held_out is not None else None
 
 
 def build_eval_prompts(config, tokenizer) -> list:
@@ -68,5 +76,8 @@ def build_eval_prompts(config, tokenizer) -> list:
     if source == "held-out":
         from relax.rollout.tasks import get_task
 
-        return list(get_task(config.task).held_out())
+        task = get_task(config.task)
+        if task.eval_prompts is not None:
+            return list(task.eval_prompts(config, tokenizer))
+        return list(task.held_out())
     return []

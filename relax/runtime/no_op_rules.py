@@ -6,7 +6,9 @@ Errors: ``--off-policy-correction decoupled`` with ``--off-policy-cap`` at or be
 on-policy token has weight exactly 1 and tokens above the cap are masked, so every update is zero);
 an empty ``--wandb-project`` with ``--use-wandb``. Warnings: ``--off-policy-cap`` without a
 correction, the prompt-data flags (``--input-key`` ...) without a data file that reads them,
-``--overwrite-output-dir`` where ``--load`` continues the run of that same directory.
+``--overwrite-output-dir`` where ``--load`` continues the run of that same directory. A task for
+Hugging Face models (``--task reasoning-gym:<dataset>``) without ``--hf-checkpoint`` is an error; such
+a task formats its prompts with ``--prompt-suffix``, ``--apply-chat-template`` and ``--system-prompt``.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import attrs
 # The prompt-file flags (relax.rollout.data.PromptDataset): read only when a data file is given.
 _DATA_FLAGS = ("input_key", "label_key", "metadata_key", "apply_chat_template", "system_prompt",
                "prompt_suffix", "max_prompt_len")
+# ... of which a task for HF models reads these (relax.rollout.tasks.reasoning_gym.PromptFormat)
+_TASK_FORMAT_FLAGS = ("apply_chat_template", "system_prompt", "prompt_suffix")
 
 
 def _flag(name: str) -> str:
@@ -42,12 +46,34 @@ def _reads_data_flags(config) -> bool:
     return bool(config.prompt_data) or bool(config.evaluate and config.eval_prompt_data)
 
 
+def _hf_task(config):
+    """The ``--task`` when it is a task for HF models (reasoning-gym), else None."""
+    if config.prompt_data or not config.task.startswith("reasoning-gym:"):
+        return None
+    from relax.rollout.tasks import get_task
+
+    try:
+        return get_task(config.task)
+    except (KeyError, ImportError):  # reported by the CLI's --task check / at the first use
+        return None
+
+
+def _check_task_model(config, algorithm, who, errors, warnings):
+    task = _hf_task(config)
+    if task is not None and task.needs_hf_checkpoint and not config.hf_checkpoint:
+        errors.append(
+            f"--task {config.task} needs --hf-checkpoint (a Hugging Face model directory): the built-in tiny "
+            "model's 17-token vocabulary cannot encode its questions"
+        )
+
+
 def _check_data_flags(config, algorithm, who, errors, warnings):
     if _reads_data_flags(config):
         return
     fields = attrs.fields_dict(type(config))
+    read_by_task = _TASK_FORMAT_FLAGS if _hf_task(config) is not None else ()
     for name in _DATA_FLAGS:
-        if getattr(config, name) != fields[name].default:
+        if getattr(config, name) != fields[name].default and name not in read_by_task:
             warnings.append(
                 f"{_flag(name)} has no effect without --prompt-data (or --eval-prompt-data): the built-in "
                 f"--task {config.task} makes its own prompts"
@@ -79,5 +105,5 @@ def _check_overwrite(config, algorithm, who, errors, warnings):
 
 def check_no_op(config, algorithm, who, errors, warnings):
     """Every rule of this module."""
-    for rule in (_check_off_policy, _check_data_flags, _check_wandb, _check_overwrite):
+    for rule in (_check_off_policy, _check_task_model, _check_data_flags, _check_wandb, _check_overwrite):
         rule(config, algorithm, who, errors, warnings)

@@ -1,10 +1,12 @@
 """Built-in tasks by name: prompt source, reward function, reward keys, tokenizer and engine.
 
-``get_task("addition")`` is the embedded default of ``relax train`` (no model or data named).
+``get_task("addition")`` is the embedded default of ``relax train`` (no model or data named);
+``get_task("reasoning-gym:<dataset>")`` a reasoning-gym task for a Hugging Face model.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import attrs
@@ -34,6 +36,15 @@ class Task:
     held_out: Callable[[], list] | None = None
     # A multi-turn task's environment class (relax.rollout.environments); None: single-turn.
     make_env: Callable[[], object] | None = None
+    # A task for Hugging Face models (--hf-checkpoint), whose prompts are formatted with the run's
+    # tokenizer and flags: (config, tokenizer) -> prompt source / evaluation prompts. When set, they
+    # replace make_prompts / held_out (relax.rollout.factory).
+    prompt_source: Callable[[object, object], object] | None = None
+    eval_prompts: Callable[[object, object], list] | None = None
+
+    @property
+    def needs_hf_checkpoint(self) -> bool:
+        return self.prompt_source is not None
 
 
 def _addition_task(name: str, components: tuple[str, ...], description: str) -> Task:
@@ -67,11 +78,24 @@ def task_names() -> tuple[str, ...]:
     return tuple(_BY_NAME)
 
 
+@functools.lru_cache(maxsize=16)
+def _reasoning_gym_task(dataset: str) -> Task:
+    from relax.rollout.tasks import reasoning_gym
+
+    return reasoning_gym.make_task(dataset)
+
+
 def get_task(name: str) -> Task:
+    """A built-in task, or ``reasoning-gym:<dataset>`` (relax.rollout.tasks.reasoning_gym)."""
+    if name.startswith("reasoning-gym:"):
+        return _reasoning_gym_task(name.removeprefix("reasoning-gym:"))
     try:
         return _BY_NAME[name]
     except KeyError:
-        raise KeyError(f"unknown task {name!r} (--task); built-in tasks: {', '.join(_BY_NAME)}") from None
+        raise KeyError(
+            f"unknown task {name!r} (--task); built-in tasks: {', '.join(_BY_NAME)}, or "
+            "reasoning-gym:<dataset> (with the rewards extra)"
+        ) from None
 
 
 __all__ = ["BUILTIN_TASKS", "Task", "get_task", "task_names"]

@@ -353,6 +353,22 @@ def check_ray(config: RunConfig) -> None:
 # -- all of it -------------------------------------------------------------------------------------
 
 
+def check_env(config: RunConfig, prompts: list) -> None:
+    """``--env-path`` (or the task's environment): built, reset on a real prompt, stepped once."""
+    from relax.rollout.environments.preflight import check_environment
+
+    try:
+        check_environment(config, prompts)
+    except (ValueError, RuntimeError) as exc:  # the loader's and EpisodeError's messages name flag and sample
+        raise PreflightError(_first_line(exc)) from None
+
+
+def is_multi_turn(config: RunConfig) -> bool:
+    from relax.rollout.environments import is_multi_turn as multi_turn
+
+    return multi_turn(config)
+
+
 def preflight(config: RunConfig, algorithm) -> list[str]:
     """Run every check; the first problem raises ``PreflightError``. Returns the warnings. Creates and
     writes nothing."""
@@ -367,7 +383,10 @@ def preflight(config: RunConfig, algorithm) -> list[str]:
     tokenizer = load_tokenizer(config)
     prompts = load_prompts(config, tokenizer, warnings)
     check_eval_prompts(config, tokenizer, warnings)
-    check_reward(config, prompts)
+    if is_multi_turn(config):  # the environment's rewards score the episodes: reset + one step
+        check_env(config, prompts)
+    else:
+        check_reward(config, prompts)
     check_ray(config)
     return warnings
 

@@ -26,7 +26,7 @@ def build_policy_model(config, *, device=None, dtype=torch.float32) -> nn.Module
         return load_hf_model(config.hf_checkpoint, dtype=dtype, device=device or default_device())
     from relax.models.tiny.weights import load_warmup_model
 
-    return load_warmup_model()
+    return load_warmup_model(_task_checkpoint(config))
 
 
 def build_reference_model(config, *, device=None, dtype=torch.float32) -> nn.Module:
@@ -39,9 +39,16 @@ def build_reference_model(config, *, device=None, dtype=torch.float32) -> nn.Mod
     else:
         from relax.models.tiny.weights import load_warmup_model
 
-        model = load_warmup_model(config.ref_load) if config.ref_load else load_warmup_model()
+        model = load_warmup_model(config.ref_load or _task_checkpoint(config))
     model.requires_grad_(False)
     return model.eval()
+
+
+def _task_checkpoint(config):
+    """The built-in ``--task``'s own tiny checkpoint (``calculator``), else None: the shipped warm-up."""
+    from relax.models.tiny.calculator import TASK_CHECKPOINTS
+
+    return TASK_CHECKPOINTS.get(getattr(config, "task", None))
 
 
 def forward_logits_fn(config) -> ForwardLogits:

@@ -137,7 +137,7 @@ class ToolEnvironment(Environment):
         try:
             calls = parse_tool_calls(completion, self.syntax, self.tools)
         except ToolCallError as exc:
-            return self._tool_turn(f"error: {exc}", {"tool_calls": 0, "tool_error": str(exc)})
+            return self._tool_turn(self.error_observation(str(exc)), {"tool_calls": 0, "tool_error": str(exc)})
         if not calls or self.tool_turns >= self.max_tool_turns:
             return EnvStep(done=True, rewards=self.score(completion), info={"tool_calls": 0})
         results, errors = [], []
@@ -147,14 +147,27 @@ class ToolEnvironment(Environment):
                     raise ToolCallError(f"unknown tool {call.name!r}; tools: {', '.join(by_name)}")
                 results.append(by_name[call.name](call.arguments))
             except ToolCallError as exc:
-                results.append(f"error: {exc}")
+                results.append(None)
                 errors.append(str(exc))
         info = {"tool_calls": len(calls), **({"tool_error": "; ".join(errors)} if errors else {})}
-        return self._tool_turn(format_results(results, self.syntax), info)
+        if errors and all(r is None for r in results):
+            return self._tool_turn(self.error_observation("; ".join(errors)), info)
+        shown = [r if r is not None else f"error: {e}" for r, e in zip(results, _errors_in_order(results, errors))]
+        return self._tool_turn(format_results(shown, self.syntax), info)
+
+    def error_observation(self, message: str) -> str:
+        """What the model sees for calls that all failed (override for a small vocabulary)."""
+        return f"error: {message}"
 
     def _tool_turn(self, observation: str, info: dict) -> EnvStep:
         self.tool_turns += 1
         return EnvStep(observation=observation, info=info)
+
+
+def _errors_in_order(results: Sequence[str | None], errors: Sequence[str]) -> list[str | None]:
+    """Pairs each failed result (None) with its error message, in call order."""
+    pending = iter(errors)
+    return [next(pending) if r is None else None for r in results]
 
 
 __all__ = ["Tool", "ToolCall", "ToolCallError", "ToolEnvironment", "format_results", "parse_tool_calls"]

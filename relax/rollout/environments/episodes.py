@@ -233,13 +233,13 @@ def _assemble(episodes: Sequence[_Episode], pad_id: int) -> Generation:
 
 
 def episode_metrics(stats: Sequence[Mapping[str, float]]) -> dict[str, float]:
-    """The step's multi-turn metrics from every sampling round's ``episode_stats``."""
+    """The step's multi-turn metrics from every sampling round's ``episode_stats`` (the environment
+    time is a rollout time, ``time/rollout/env_s``, reported by each worker)."""
     total = {k: sum(s[k] for s in stats) for k in ("episodes", "turns", "tool_calls", "env_tokens",
-                                                   "response_tokens", "env_s")}
+                                                   "response_tokens")}
     episodes = max(total["episodes"], 1)
     return {
         "rollout/turns_mean": total["turns"] / episodes,
         "rollout/tool_calls_mean": total["tool_calls"] / episodes,
         "rollout/env_token_frac": total["env_tokens"] / max(total["response_tokens"], 1),
-        "time/rollout/env_s": total["env_s"],
     }

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import attrs
 
 from relax.models.tiny.tokenizer import TinyTokenizer
-from relax.rollout.tasks import addition
+from relax.rollout.tasks import addition, calculator
 
 
 def _warmup_engine():
@@ -47,6 +47,12 @@ class Task:
         return self.prompt_source is not None
 
 
+def _calculator_tokenizer():
+    from relax.models.tiny.calculator import CalculatorTokenizer
+
+    return CalculatorTokenizer()
+
+
 def _addition_task(name: str, components: tuple[str, ...], description: str) -> Task:
     return Task(
         name=name,
@@ -69,6 +75,18 @@ BUILTIN_TASKS: tuple[Task, ...] = (
         "addition-judge",
         addition.BASE_COMPONENTS + ("judge",),
         "addition plus a reproducible coin-flip 'judge' component that carries no signal",
+    ),
+    Task(  # multi-turn: relax.rollout.tasks.calculator, docs/en/multi-turn.md
+        name="calculator",
+        description="two-digit addition with a calculator tool the model learns to call (multi-turn)",
+        reward_keys=calculator.REWARD_KEYS,
+        reward_fn=calculator.score_answer,
+        make_prompts=calculator.CalculatorPrompts,
+        make_tokenizer=_calculator_tokenizer,
+        make_engine=calculator.make_engine,
+        max_new_tokens=calculator.MAX_NEW_TOKENS,
+        held_out=calculator.held_out_problems,
+        make_env=calculator.CalculatorEnv,
     ),
 )
 _BY_NAME = {t.name: t for t in BUILTIN_TASKS}

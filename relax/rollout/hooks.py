@@ -22,6 +22,32 @@ class HookError(ValueError):
     returned something outside its contract; the message names the flag, the function and the step."""
 
 
+# The positional arguments each hook is called with (docs/en/hooks.md).
+HOOK_ARGUMENTS = {
+    FILTER_FLAG: ("rewards", "group_ids", "samples", "keep"),
+    POST_PROCESS_FLAG: ("rewards", "group_ids", "samples"),
+}
+
+
+def check_hook_signature(fn, flag: str, spec: str) -> None:
+    """Refuse a hook that cannot be called with its arguments (``HOOK_ARGUMENTS[flag]``), before any
+    worker starts, as ``--custom-rm-path`` is refused."""
+    import inspect
+
+    arguments = HOOK_ARGUMENTS[flag]
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # builtins without a signature: nothing to check
+        return
+    try:
+        signature.bind(*arguments)
+    except TypeError as exc:
+        name = getattr(fn, "__qualname__", repr(fn))
+        raise HookError(
+            f"{flag} {spec!r}: {name} must accept ({', '.join(arguments)}); its signature is {signature} ({exc})"
+        ) from None
+
+
 def _hook_name(flag: str, spec: str, step: int) -> str:
     return f"{flag} {spec!r} (step {step})"
 
@@ -30,7 +56,7 @@ def _call(fn, where: str, n: int, dtype: torch.dtype, contract: str, hint: str, 
     """``fn(*args)`` (tensors passed as copies), checked to be a ``dtype`` tensor of shape ``(n,)``."""
     try:
         out = fn(*(a.clone() if isinstance(a, torch.Tensor) else a for a in args))
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # a hook that exits fails like one that raises
         raise HookError(f"{where} raised {type(exc).__name__}: {exc}") from exc
     if not isinstance(out, torch.Tensor) or out.dtype != dtype or tuple(out.shape) != (n,):
         got = f"a {out.dtype} tensor of shape {tuple(out.shape)}" if isinstance(out, torch.Tensor) else (

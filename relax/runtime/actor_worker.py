@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from relax.algorithms import AdvantageInputs, load_algorithm, numerics
+from relax.algorithms.types import check_advantages_output
 from relax.backends.registry import get_backend
 from relax.models.batch import TokenBatch, response_log_probs
 from relax.models.factory import build_policy_model, build_reference_model, forward_logits_fn
@@ -177,7 +178,9 @@ class ActorCore:
                 values=shard["fields"].get("values"), kl=self._kl(shard) if self.reference is not None else None,
                 segment_sizes=seg,
             )
-        shard["fields"]["advantages"], _ = self.algorithm.compute_advantages(inputs, process_group=self.dp_group)
+        output = self.algorithm.compute_advantages(inputs, process_group=self.dp_group)
+        check_advantages_output(self.algorithm, output, inputs.response_mask.shape)
+        shard["fields"]["advantages"], _ = output
 
     # -- the optimizer steps ----------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ import time
 import torch
 
 from relax.algorithms import AdvantageInputs, load_algorithm
+from relax.algorithms.types import check_advantages_output
 
 APP_NAME = "relax_advantages"
 
@@ -40,7 +41,9 @@ class AdvantagesCore:
             kl=read["kl"].float() if with_kl else None,
             segment_sizes=tuple(segment_sizes),
         )
-        advantages, returns = self.algorithm.compute_advantages(inputs)
+        output = self.algorithm.compute_advantages(inputs)
+        check_advantages_output(self.algorithm, output, inputs.response_mask.shape, step=step)
+        advantages, returns = output
         self.data_plane.add_fields(read, {"advantages": advantages.float(), "returns": returns.float()})
         mask = inputs.response_mask
         valid = advantages[mask]

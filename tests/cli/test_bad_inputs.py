@@ -23,7 +23,7 @@ import pytest
 import torch
 
 import relax.cli.preflight as preflight_module
-from relax.algorithms.config import AlgorithmConfig
+from relax.config.algorithm import AlgorithmConfig
 from relax.cli.config_file import write_effective_config
 from relax.config.run import RunConfig
 
@@ -65,6 +65,12 @@ REWARDS_SOURCE = textwrap.dedent(
 
     def two_args(prompt, completion):
         return 0.0
+
+    def filter_two_args(rewards, group_ids):
+        return group_ids >= 0
+
+    def post_process_one_arg(rewards):
+        return rewards[:, 0].float()
     """
 )
 
@@ -786,3 +792,55 @@ def test_a_reward_function_that_exits_is_one_line(refuse, ws):
         "import sys\n\ndef reward(prompt, completion, label, metadata):\n    sys.exit(3)\n")
     err = refuse(DATA, "good.jsonl", RM, "relax_exits_reward:reward")
     assert "reward function relax_exits_reward.reward raised SystemExit: 3" in err
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("argv, message", [
+    (["--dynamic-sampling-filter-path", f"{R}:filter_two_args"],
+     f"--dynamic-sampling-filter-path '{R}:filter_two_args': filter_two_args must accept (rewards, group_ids, "
+     "samples, keep); its signature is (rewards, group_ids)"),
+    (["--custom-reward-post-process-path", f"{R}:post_process_one_arg"],
+     f"--custom-reward-post-process-path '{R}:post_process_one_arg': post_process_one_arg must accept (rewards, "
+     "group_ids, samples); its signature is (rewards)"),
+], ids=["filter_signature", "post_process_signature"])
+def test_hook_signatures_are_bound_before_start_up(refuse, argv, message):
+    assert message in refuse(*argv)
+
+
+def test_a_hook_that_exits_is_a_hook_error():
+    import sys as _sys
+
+    from relax.rollout.hooks import HookError, call_keep_filter
+
+    def exits(rewards, group_ids, samples, keep):
+        _sys.exit(4)
+
+    ids = torch.tensor([0, 0, 1, 1])
+    with pytest.raises(HookError, match=r"--dynamic-sampling-filter-path 'm:exits' \(step 2\) raised SystemExit: 4"):
+        call_keep_filter(exits, "m:exits", 2, torch.zeros(4, 1), ids, [{}] * 4, torch.ones(4, dtype=torch.bool))
+
+
+def test_a_users_advantages_shape_is_checked():
+    from relax.algorithms.grpo import GRPO
+    from relax.algorithms.types import AlgorithmOutputError, check_advantages_output
+
+    grpo = GRPO(AlgorithmConfig())
+    check_advantages_output(grpo, (torch.zeros(3, 5), torch.zeros(3, 5)), (3, 5))
+    with pytest.raises(AlgorithmOutputError, match=r"^GRPO.compute_advantages at step 4 returned advantages of "
+                                                   r"shape \(3, 1\), expected \(3, 5\): one value per response token"):
+        check_advantages_output(grpo, (torch.zeros(3, 1), torch.zeros(3, 5)), (3, 5), step=4)
+    with pytest.raises(AlgorithmOutputError, match=r"returned a Tensor; it must return \(advantages, returns\)"):
+        check_advantages_output(grpo, torch.zeros(3, 5), (3, 5))
+    with pytest.raises(AlgorithmOutputError, match=r"returned returns as a torch.int64 tensor"):
+        check_advantages_output(grpo, (torch.zeros(3, 5), torch.zeros(3, 5, dtype=torch.long)), (3, 5))
+
+
+def test_a_builtin_methods_non_finite_loss_points_at_the_learning_rate():
+    from relax.algorithms.grpo import GRPO
+    from relax.algorithms.types import AlgorithmOutputError, PolicyLossOutput, check_policy_loss_output
+
+    with pytest.raises(AlgorithmOutputError) as info:
+        check_policy_loss_output(GRPO(AlgorithmConfig()), PolicyLossOutput(loss=torch.tensor(float("nan"))), step=3)
+    assert str(info.value).startswith("GRPO.policy_loss at step 3 returned a non-finite loss (nan): the built-in "
+                                      "method's loss is finite on finite inputs")
+    assert "lower --lr" in str(info.value)

@@ -21,7 +21,14 @@ def reward_setup(config):
 
 
 def build_engine(config):
-    """The rollout's generation engine (it owns a copy of the policy weights)."""
+    """The rollout's generation engine (it owns a copy of the policy weights): ``--rollout-engine``
+    (``relax.rollout.engines``)."""
+    from relax.rollout.engines import engine_name
+
+    if engine_name(config) == "vllm":
+        from relax.rollout.vllm.factory import vllm_engine_from_config
+
+        return vllm_engine_from_config(config)
     if config.hf_checkpoint:
         from relax.rollout.hf.factory import hf_engine_from_config
 

@@ -155,6 +155,32 @@ def check_normalized_rewards(algorithm, normalized, expected_shape, *, step: int
         )
 
 
+def check_advantages_output(algorithm, output, expected_shape, *, step: int | None = None) -> None:
+    """The output of ``algorithm.compute_advantages``: ``(advantages, returns)``, two float tensors
+    of the response mask's shape ``[N, T]``."""
+    where = _where(algorithm, "compute_advantages", step)
+    if not (isinstance(output, tuple) and len(output) == 2):
+        raise AlgorithmOutputError(
+            f"{where} returned a {type(output).__name__}; it must return (advantages, returns), two float "
+            f"tensors of shape {tuple(expected_shape)} (the response mask's)"
+        )
+    for name, tensor in zip(("advantages", "returns"), output):
+        if not isinstance(tensor, torch.Tensor):
+            raise AlgorithmOutputError(f"{where} returned {name} of type {type(tensor).__name__}; it must be a tensor")
+        if tuple(tensor.shape) != tuple(expected_shape):
+            raise AlgorithmOutputError(
+                f"{where} returned {name} of shape {tuple(tensor.shape)}, expected {tuple(expected_shape)}: one "
+                "value per response token, the shape of inputs.response_mask (e.g. broadcast a per-sample "
+                "[N, 1] value with .expand_as(inputs.response_mask) and zero it outside the mask)"
+            )
+        if not tensor.is_floating_point():
+            raise AlgorithmOutputError(f"{where} returned {name} as a {tensor.dtype} tensor; it must hold floats")
+
+
+def _is_builtin(algorithm) -> bool:
+    return type(algorithm).__module__.startswith("relax.algorithms.")
+
+
 def check_policy_loss_output(algorithm, output, *, step: int | None = None) -> None:
     """The output of ``algorithm.policy_loss``: a ``PolicyLossOutput`` whose loss is a finite scalar."""
     where = _where(algorithm, "policy_loss", step)
@@ -172,6 +198,13 @@ def check_policy_loss_output(algorithm, output, *, step: int | None = None) -> N
     if not loss.is_floating_point():
         raise AlgorithmOutputError(f"{where} returned a {loss.dtype} loss; it must be a float tensor")
     if not bool(torch.isfinite(loss.detach())):
+        if _is_builtin(algorithm):  # its loss is finite on finite inputs: the inputs went non-finite
+            raise AlgorithmOutputError(
+                f"{where} returned a non-finite loss ({loss.item()}): the built-in method's loss is finite on "
+                "finite inputs, so the model's log-probabilities or the advantages were not, which usually means "
+                "the learning rate is too high for this model (the weights diverged); lower --lr (keep --clip-grad "
+                "on), or check the rewards for huge values. The weights were not updated with it"
+            )
         raise AlgorithmOutputError(
             f"{where} returned a non-finite loss ({loss.item()}); the weights were not updated with it"
         )

@@ -66,7 +66,7 @@ def check_algorithm(config: RunConfig, algorithm) -> None:
     """Every process builds ``algorithm(config.algorithm)``; a constructor that raises fails here once."""
     try:
         algorithm(config.algorithm)
-    except Exception as exc:  # noqa: BLE001 - a user's constructor: report whatever it raised
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - a user's constructor: report whatever it raised
         raise PreflightError(
             f"--advantage-estimator {config.advantage_estimator}: {algorithm.__name__}(config) raised "
             f"{type(exc).__name__}: {_first_line(exc).splitlines()[0]}"
@@ -336,6 +336,26 @@ def _sample_of(exc: BaseException, samples: list) -> str:
     return "the first samples"
 
 
+# -- reward hooks ----------------------------------------------------------------------------------
+
+
+def check_hooks(config: RunConfig) -> None:
+    """``--dynamic-sampling-filter-path`` / ``--custom-reward-post-process-path``: each hook can be
+    called with the arguments the rollout passes it (``relax.rollout.hooks.HOOK_ARGUMENTS``)."""
+    from relax.importing import load_attribute
+    from relax.rollout.hooks import FILTER_FLAG, POST_PROCESS_FLAG, HookError, check_hook_signature
+
+    for spec, flag in ((config.dynamic_sampling_filter_path, FILTER_FLAG),
+                       (config.custom_reward_post_process_path, POST_PROCESS_FLAG)):
+        if not spec:
+            continue
+        try:
+            fn = load_attribute(spec, flag, expected="'package.module:function'", allow_dotted=True)
+            check_hook_signature(fn, flag, spec)
+        except (HookError, ValueError, ImportError) as exc:
+            raise PreflightError(_first_line(exc)) from None
+
+
 # -- Ray address -----------------------------------------------------------------------------------
 
 
@@ -387,6 +407,7 @@ def preflight(config: RunConfig, algorithm) -> list[str]:
         check_env(config, prompts)
     else:
         check_reward(config, prompts)
+    check_hooks(config)
     check_ray(config)
     return warnings
 

@@ -34,6 +34,8 @@ from relax.config.fields import (
 )
 
 DEFAULT_OUTPUT_ROOT = "outputs"
+# --rollout-engine (relax.rollout.engines)
+ROLLOUT_ENGINES = ("tiny", "hf", "vllm")
 LR_DECAY_STYLES = ("constant", "linear", "cosine")  # relax.backends.optim implements each
 
 
@@ -105,6 +107,10 @@ class RunConfig:
         "nucleus sampling threshold", group="sampling", check=Range(gt=0, le=1)))
     rollout_max_response_len: int = attrs.field(default=8, metadata=flag(
         "maximum generated tokens per sample", group="sampling", check=POSITIVE_INT))
+    rollout_engine: str | None = attrs.field(default=None, metadata=flag(
+        "generation engine of the rollout workers: tiny (the built-in model), hf (relax's transformers loop) or "
+        "vllm (vLLM inside each rollout worker; needs the vllm extra, docs/en/rollout-engines.md); default: hf "
+        "with --hf-checkpoint, else tiny", group="sampling", check=OneOf(ROLLOUT_ENGINES)))
     # -- model and data --
     task: str = attrs.field(default="addition", metadata=flag(
         "built-in task (prompts, labels and reward function) used when no --prompt-data is given",

@@ -233,6 +233,14 @@ def _check_backend(config, algorithm, who, errors, warnings):
     errors.extend(backend_config_errors(config))
 
 
+def _check_rollout_engine(config, algorithm, who, errors, warnings):
+    """--rollout-engine: the engine fits the model, its sampling flags, and (vLLM) is installed and can
+    load the checkpoint (relax.rollout.engines)."""
+    from relax.rollout.engines import config_errors as engine_config_errors
+
+    errors.extend(engine_config_errors(config))
+
+
 def _check_logging(config, algorithm, who, errors, warnings):
     """The trackers' packages are there (they are an optional extra), and no logging flag is given
     where it does nothing (relax.runtime.trackers, docs/en/tracking.md)."""
@@ -318,6 +326,7 @@ RULES = (
     _check_backend,
     _check_async,
     _check_logging,
+    _check_rollout_engine,
     check_evaluation,  # --eval-* (relax.runtime.eval_rules)
     check_no_op,  # runs that would train nothing, flags that would do nothing (relax.runtime.no_op_rules)
     _check_unused_hyperparameters,

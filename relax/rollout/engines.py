@@ -32,6 +32,12 @@ def reports_behaviour_log_probs(config) -> bool:
     return engine_name(config) == "vllm"
 
 
+def carries_behaviour_log_probs(config) -> bool:
+    """Whether the samples carry the engine's log-probs to the trainer: for the loss with
+    ``--off-policy-correction``, and for ``rollout/logprob_abs_diff`` (``reports_behaviour_log_probs``)."""
+    return config.algorithm.off_policy_correction != "none" or reports_behaviour_log_probs(config)
+
+
 def config_errors(config) -> list[str]:
     name = engine_name(config)
     errors = []

@@ -14,8 +14,16 @@ from collections.abc import Mapping, Sequence
 # Metrics every rank reports identically (taken from one rank, never summed).
 REPLICATED_METRICS = frozenset({"grad_norm", "lr"})
 
+# Shares logged outside ``actor/``: measured on the training ranks, they describe the rollout.
+LOGGED_NAMES = {"logprob_abs_diff": "rollout/logprob_abs_diff"}
+
 # Where ``ActorCore.train`` hands its per-step metrics to the driver (popped before logging).
 STEP_METRICS_KEY = "_actor_step_metrics"
+
+
+def logged_name(key: str) -> str:
+    """The metrics-row name of a combined actor metric: ``actor/<key>`` unless ``LOGGED_NAMES`` says otherwise."""
+    return LOGGED_NAMES.get(key, f"actor/{key}")
 
 
 def combine_actor_metrics(

@@ -24,7 +24,8 @@ from relax.algorithms.types import check_advantages_output
 from relax.backends.registry import get_backend
 from relax.models.batch import TokenBatch, response_log_probs
 from relax.models.factory import build_policy_model, build_reference_model, forward_logits_fn
-from relax.runtime.actor_metrics import STEP_METRICS_KEY, combine_actor_metrics
+from relax.runtime.actor_metrics import STEP_METRICS_KEY, combine_actor_metrics, logged_name
+from relax.rollout.engines import carries_behaviour_log_probs
 from relax.rollout.environments import is_multi_turn
 from relax.runtime.fields import ATTENTION_FIELD, BATCH_FIELDS, AttachesDataPlane, token_batch
 from relax.runtime.losses import policy_loss_fn, zero_loss
@@ -56,8 +57,9 @@ class ActorCore:
         self.advantages_service = None  # the Serve handle; rank 0 sends it the step's request
         self.num_minibatches = num_minibatches(config)
         # What the rollout writes besides the tokens: its sampling log-probs when the loss corrects
-        # for the behaviour policy, and each sample's policy version in asynchronous runs.
-        self.sample_fields = (("rollout_log_probs",) if config.algorithm.off_policy_correction != "none" else ()) + (
+        # for the behaviour policy or the engine's mismatch is logged, and each sample's policy
+        # version in asynchronous runs.
+        self.sample_fields = (("rollout_log_probs",) if carries_behaviour_log_probs(config) else ()) + (
             ("policy_version",) if config.fully_async else ()) + (
             (ATTENTION_FIELD,) if is_multi_turn(config) else ())  # environment turns (--env-path)
         self._cache: dict | None = None
@@ -258,7 +260,7 @@ class ActorCore:
         # ``actor/*`` here is this rank's share (the whole value with one rank). The driver sums
         # the shares of all data-parallel ranks per optimizer step from STEP_METRICS_KEY; only one
         # rank of each model-parallel group hands them over (its peers hold the same numbers).
-        metrics.update({f"actor/{k}": v for k, v in combine_actor_metrics([parts]).items()})
+        metrics.update({logged_name(k): v for k, v in combine_actor_metrics([parts]).items()})
         metrics[STEP_METRICS_KEY] = parts if self.backend.writes_shared_fields else None
         if "policy_version" in shard["fields"]:
             metrics.update(staleness_metrics(step, shard["fields"]["policy_version"], self.config.staleness_bound))
@@ -292,7 +294,9 @@ def policy_health_shares(shard: dict, rows: slice, response_mask: torch.Tensor, 
     """This rank's shares of one mini-batch's health metrics, measured on the policy *before* the
     step's update (the old log-probs pass), whatever the loss uses: ``policy_entropy``, the token
     mean of the policy's entropy over the response tokens, and, with a reference model,
-    ``kl_to_ref``, the token mean of the per-token KL estimate (``--kl-loss-type``) to it. Shares are
+    ``kl_to_ref``, the token mean of the per-token KL estimate (``--kl-loss-type``) to it, and, where
+    the samples carry the engine's log-probs, ``logprob_abs_diff``, the token mean of |engine - old|
+    log-prob (logged as ``rollout/logprob_abs_diff``: the rollout/training mismatch). Shares are
     sums over this rank's tokens divided by the mini-batch's global token count, so the driver's sum
     over data-parallel ranks is the whole mini-batch's mean (``relax.runtime.actor_metrics``)."""
     mask = response_mask.float()
@@ -300,6 +304,10 @@ def policy_health_shares(shard: dict, rows: slice, response_mask: torch.Tensor, 
     if "ref_log_probs" in shard:
         kl = numerics.kl_estimate(shard["old_log_probs"][rows], shard["ref_log_probs"][rows], kl_type)
         shares["kl_to_ref"] = float((kl * mask).sum()) / global_tokens
+    if "rollout_log_probs" in shard["fields"]:
+        engine = shard["fields"]["rollout_log_probs"][rows].float()
+        gap = (engine - shard["old_log_probs"][rows].float()).abs()
+        shares["logprob_abs_diff"] = float((gap * mask).sum()) / global_tokens
     return shares
 
 

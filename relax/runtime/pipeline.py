@@ -24,7 +24,7 @@ from __future__ import annotations
 import time
 
 from relax.runtime import roles as R
-from relax.runtime.actor_metrics import STEP_METRICS_KEY, combine_actor_metrics
+from relax.runtime.actor_metrics import STEP_METRICS_KEY, combine_actor_metrics, logged_name
 from relax.runtime.cluster import Runtime
 from relax.runtime.rollouts import plan_from_rollouts, rollout_metrics
 from relax.runtime.schedule import num_minibatches
@@ -110,7 +110,7 @@ class Pipeline:
         for part in reversed(results):
             row.update(part)
         combined = combine_actor_metrics([steps for steps in shares if steps is not None])
-        row.update({f"actor/{k}": v for k, v in combined.items()})
+        row.update({logged_name(k): v for k, v in combined.items()})
         plan = plan_from_rollouts(rolls, num_minibatches(self.rt.config), len(self.rt.actors))
         if plan.num_groups == 0:
             row["train/skipped"] = 1  # every group was dropped: nothing trained, weights unchanged

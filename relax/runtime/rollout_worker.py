@@ -37,6 +37,7 @@ from relax.algorithms import load_algorithm, numerics
 from relax.algorithms.types import check_normalized_rewards
 from relax.rollout import factory as rollout_factory
 from relax.rollout.base import SamplingParams
+from relax.rollout.engines import carries_behaviour_log_probs
 from relax.rollout.environments import episode_runner
 from relax.rollout.hooks import FILTER_FLAG, POST_PROCESS_FLAG, call_keep_filter, call_post_process
 from relax.rollout.rewards import load_function
@@ -104,8 +105,9 @@ class RolloutCore:
             top_p=config.rollout_top_p,
             max_new_tokens=config.rollout_max_response_len,
         )
-        # Behaviour log-probs travel with the samples only when the loss corrects for staleness.
-        self.write_rollout_log_probs = config.algorithm.off_policy_correction != "none"
+        # Behaviour log-probs travel with the samples only when the loss corrects for staleness or the
+        # trainer measures the engine's mismatch (relax.rollout.engines).
+        self.write_rollout_log_probs = carries_behaviour_log_probs(config)
         self.write_policy_version = config.fully_async
         self.data_plane = data_plane
         self._last_end: float | None = None

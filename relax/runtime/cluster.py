@@ -13,7 +13,9 @@ import time
 from relax.backends.registry import get_backend
 from relax.runtime import roles as R
 from relax.runtime.console import log
-from relax.runtime.ray_session import WORKER_CPUS, quiet_transferqueue_client, start_ray
+from relax.runtime.heartbeat import Heartbeats
+from relax.runtime.ray_session import WORKER_CPUS, quiet_transferqueue_client, start_ray, stop_ray
+from relax.runtime.reaper import kill_pids
 from relax.runtime.waits import (
     WorkerDied,
     bounded,
@@ -21,6 +23,7 @@ from relax.runtime.waits import (
     get,
     transferqueue_components,
     watch_components,
+    watch_heartbeats,
 )
 
 STARTUP_TIMEOUT_S = 300
@@ -55,6 +58,7 @@ class Runtime:
         self.adv_handle = None
         self._serve_error = "unknown error"
         self.startup_times: dict[str, float] = {}
+        self.heartbeats = Heartbeats(config.worker_timeout)  # relax.runtime.heartbeat
 
     def start(self) -> None:
         import ray
@@ -66,7 +70,9 @@ class Runtime:
 
         cfg, algorithm_spec = self.config, self.config.advantage_estimator
         t0 = time.perf_counter()
-        self.started_ray = start_ray(cfg)
+        # Set before Ray starts: a SIGTERM during start-up must still stop what was started.
+        self.started_ray = not ray.is_initialized()
+        start_ray(cfg)
         self.startup_times["ray_init_s"] = time.perf_counter() - t0
         # SPREAD: on a cluster of several machines the workers go to different nodes (on one machine
         # it changes nothing).
@@ -102,7 +108,14 @@ class Runtime:
         quiet_transferqueue_client()
         self.startup_times["transferqueue_s"] = time.perf_counter() - t0 - self.startup_times["ray_init_s"]
         workers = [*self.rollouts, *self.actors] + ([self.critic] if self.critic else [])
+        beats = self.heartbeats.install(
+            [(f"rollout worker {i}", x) for i, x in enumerate(self.rollouts)]
+            + [(f"actor rank {r}", x) for r, x in enumerate(self.actors)]
+            + ([("critic worker", self.critic)] if self.critic else [])
+        )
         nodes = get([x.attach.remote() for x in workers], "start-up", timeout=STARTUP_TIMEOUT_S)
+        self.heartbeats.started(get(beats, "start-up", timeout=STARTUP_TIMEOUT_S))
+        watch_heartbeats(self.heartbeats)
         self.startup_times["workers_ready_s"] = time.perf_counter() - t0
         log(f"relax: {len(workers)} worker(s) on {len(set(nodes))} node(s)")
         if w > 1:
@@ -146,6 +159,7 @@ class Runtime:
         # A dead TransferQueue component: nothing left to clear, and clearing would only wait for it.
         dead = dead_component()
         watch_components([])
+        watch_heartbeats(None)
 
         def stop_serve():
             from ray import serve
@@ -161,12 +175,13 @@ class Runtime:
             if handle is not None:
                 with contextlib.suppress(Exception):
                     ray.kill(handle)
+        # A stopped or stuck worker on this machine cannot act on ray.kill: end its process here.
+        kill_pids(self.heartbeats.silent_pids_on_this_machine())
         if self.data_plane is not None and dead is None:
             # what the run left (matters when TransferQueue outlives the run), then its actors
             bounded(self.data_plane.clear_steps, "clearing the data plane")
             bounded(self.data_plane.close, "closing the data plane")
         if self.started_ray:
-            with contextlib.suppress(Exception):
-                ray.shutdown()
+            stop_ray()
 
 

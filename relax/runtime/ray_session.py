@@ -10,6 +10,8 @@ import os
 import threading
 
 from relax.runtime.environment import RAY_ENV_DEFAULTS, apply_environment_defaults
+from relax.runtime.reaper import Watchdog, sweep
+from relax.runtime.waits import bounded
 
 WORKER_CPUS = 0.25  # logical: Ray's CPUs are scheduling tokens, not cores
 
@@ -68,18 +70,45 @@ def start_ray(config) -> bool:
     # (``relax train`` turns SIGTERM into the Ctrl-C shutdown).
     on_main = threading.current_thread() is threading.main_thread()
     sigterm = signal.getsignal(signal.SIGTERM) if on_main else None
-    if config.ray_address:
-        check_ray_address(config.ray_address)
-        ray.init(address=config.ray_address, **kwargs)
-    else:
-        # TransferQueue's controller and storage unit each ask for a whole CPU: more logical CPUs
-        # than cores (docs/en/ray-and-transferqueue.md, TransferQueue workarounds, item 1); the workers ask for a fraction each.
-        cpus = max(4, os.cpu_count() or 1, 2 + WORKER_CPUS * (config.actor_num_workers + config.rollout_num_workers + 3))
-        ray.init(num_cpus=int(cpus + 0.999), object_store_memory=512 * 2**20, **kwargs)
-    if callable(sigterm):
-        signal.signal(signal.SIGTERM, sigterm)
+    try:
+        if config.ray_address:
+            check_ray_address(config.ray_address)
+            ray.init(address=config.ray_address, **kwargs)
+        else:
+            global _WATCHDOG
+            _WATCHDOG = Watchdog()  # kills the cluster's processes should this process be killed
+            # TransferQueue's controller and storage unit each ask for a whole CPU: more logical CPUs
+            # than cores (docs/en/ray-and-transferqueue.md, TransferQueue workarounds, item 1); the workers ask for a fraction each.
+            cpus = max(4, os.cpu_count() or 1, 2 + WORKER_CPUS * (config.actor_num_workers + config.rollout_num_workers + 3))
+            ray.init(num_cpus=int(cpus + 0.999), object_store_memory=512 * 2**20, **kwargs)
+    except SystemExit as exc:
+        # SIGTERM during ray.init reaches Ray's own handler (sys.exit(15)): hand it to the caller's,
+        # which shuts the run down like Ctrl-C (relax train: exit 143), the half-started cluster included.
+        if exc.code == signal.SIGTERM and callable(sigterm):
+            signal.signal(signal.SIGTERM, sigterm)
+            sigterm(signal.SIGTERM, None)
+        raise
+    finally:
+        if callable(sigterm):
+            signal.signal(signal.SIGTERM, sigterm)
     _relay_worker_output()
     return True
+
+
+_WATCHDOG: Watchdog | None = None
+
+
+def stop_ray() -> None:
+    """Stop the cluster this process started (``ray.shutdown()``, bounded), then kill whatever Ray
+    process of it is left (``relax.runtime.reaper``) and let the watchdog go."""
+    import ray
+
+    global _WATCHDOG
+    watchdog, _WATCHDOG = _WATCHDOG, None
+    bounded(ray.shutdown, "stopping Ray")
+    sweep(exclude=(watchdog.pid,) if watchdog is not None and watchdog.pid else ())
+    if watchdog is not None:
+        watchdog.close()
 
 
 # Lines Ray relays from its processes that are shutdown noise, not news: Serve's controller ends

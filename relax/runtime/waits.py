@@ -1,5 +1,6 @@
-"""Bounded waits of the driver: ``get`` turns a dead worker, or a dead TransferQueue component, into
-one error naming it; ``BackgroundCall`` runs driver work off the critical path without letting it
+"""Bounded waits of the driver: ``get`` turns a dead worker, a worker whose heartbeat stopped
+(``relax.runtime.heartbeat``), a step that makes no progress, or a dead TransferQueue component,
+into one error naming it (with "still waiting" lines before it gives up); ``BackgroundCall`` runs driver work off the critical path without letting it
 hang the run or its exit; ``bounded`` runs a shutdown step for at most a few seconds."""
 
 from __future__ import annotations
@@ -13,6 +14,36 @@ from relax.runtime.console import log
 
 class WorkerDied(RuntimeError):
     pass
+
+
+class WorkerUnresponsive(WorkerDied):
+    """A worker that is alive but stopped answering (its heartbeat stopped, or its step never ends)."""
+
+
+_HEARTBEATS: list = []  # the run's ``Heartbeats`` (none: no heartbeat checks)
+
+
+def watch_heartbeats(heartbeats) -> None:
+    """Check ``heartbeats`` (a ``relax.runtime.heartbeat.Heartbeats``; None: stop) in every wait."""
+    _HEARTBEATS[:] = [heartbeats] if heartbeats is not None else []
+
+
+class Patience:
+    """How long one step may take before the run calls it stuck, although every worker's heartbeat
+    goes on (a deadlocked thread, a collective waiting for a peer): ten times ``--worker-timeout``,
+    or twenty times the slowest step so far when that is longer, so that a slow step on a loaded
+    machine is no false alarm."""
+
+    def __init__(self, worker_timeout: float):
+        self.floor = 10 * worker_timeout
+        self.slowest = 0.0
+
+    def observe(self, seconds: float) -> None:
+        self.slowest = max(self.slowest, seconds)
+
+    def deadline(self) -> tuple[float, float, float]:
+        """``(start, limit in seconds, slowest step)`` for ``get(..., progress=...)``."""
+        return time.monotonic(), max(self.floor, 20 * self.slowest), self.slowest
 
 
 # Components whose death fails every driver wait within seconds (``watch_components``): the
@@ -54,13 +85,40 @@ def dead_component() -> str | None:
     return None
 
 
-def _wait_watching(refs, timeout: float | None) -> None:
-    """Wait until every ref is ready (or ``timeout``), checking the watched components' liveness
-    every ``LIVENESS_POLL_S`` seconds; a dead one raises ``WorkerDied`` naming it."""
+def _check_progress(what: str, progress, warned: list) -> None:
+    """Heartbeats and the step's deadline while waiting for ``what``: "still waiting" lines, then
+    ``WorkerUnresponsive`` naming the worker (or the step)."""
+    for heartbeats in _HEARTBEATS:
+        for line in heartbeats.still_waiting_lines(f"the {what}"):
+            log(line)
+        message = heartbeats.unresponsive()
+        if message is not None:
+            raise WorkerUnresponsive(message)
+    if progress is None:
+        return
+    start, limit, slowest = progress
+    waited = time.monotonic() - start
+    if waited >= limit:
+        raise WorkerUnresponsive(
+            f"the {what} made no progress for {waited:.0f}s although every worker's heartbeat goes on (the slowest "
+            f"step so far took {slowest:.1f}s; the limit is the larger of 10 x --worker-timeout and 20 x that): "
+            "a deadlock in a worker, or a collective waiting for a peer; restart the run, with --load to resume"
+        )
+    if waited >= limit / 2 and not warned:
+        warned.append(True)
+        log(f"relax: still waiting for the {what} after {waited:.0f}s (the slowest step so far took {slowest:.1f}s); "
+            f"the run ends at {limit:.0f}s without progress")
+
+
+def _wait_watching(refs, timeout: float | None, what: str = "worker", progress=None) -> None:
+    """Wait until every ref is ready (or ``timeout``), checking the watched components' liveness,
+    the workers' heartbeats and the step's deadline every ``LIVENESS_POLL_S`` seconds; a dead
+    component raises ``WorkerDied``, a silent worker or a stuck step ``WorkerUnresponsive``."""
     import ray
 
     pending = list(dict.fromkeys(refs if isinstance(refs, (list, tuple)) else [refs]))
     deadline = None if timeout is None else time.monotonic() + timeout
+    warned: list = []
     while pending:
         wait = LIVENESS_POLL_S if deadline is None else min(LIVENESS_POLL_S, deadline - time.monotonic())
         if wait <= 0:
@@ -76,17 +134,19 @@ def _wait_watching(refs, timeout: float | None) -> None:
                     "lines above for why (e.g. out of memory); restart the run, with --load to resume from "
                     "the last checkpoint"
                 )
+            _check_progress(what, progress, warned)
 
 
-def get(refs, what: str, timeout: float | None = None):
-    """``ray.get`` that turns a dead worker, or a dead watched component (TransferQueue), into one
-    clear error naming it."""
+def get(refs, what: str, timeout: float | None = None, progress=None):
+    """``ray.get`` that turns a dead worker, a silent one, a step past its ``progress`` deadline
+    (``Patience.deadline()``) or a dead watched component (TransferQueue) into one clear error
+    naming it."""
     import ray
     from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
     try:
-        if _WATCHED:
-            _wait_watching(refs, timeout)
+        if _WATCHED or _HEARTBEATS or progress is not None:
+            _wait_watching(refs, timeout, what, progress)
         return ray.get(refs, timeout=timeout)
     except RayActorError as exc:
         raise WorkerDied(f"the {what} worker died: {exc}. See the worker log lines above.") from exc

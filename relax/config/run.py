@@ -179,6 +179,11 @@ class RunConfig:
     # -- placement / backends --
     ray_address: str | None = attrs.field(default=None, metadata=flag(
         "Ray cluster to join (default: start a local one)", group="placement and backends"))
+    worker_timeout: float = attrs.field(default=60.0, metadata=flag(
+        "end the run when a worker's heartbeat stops for this many seconds (stopped, swapped out, stuck in a "
+        "kernel call), naming the worker, after \"still waiting\" lines; a step without progress for 10x this "
+        "(or 20x the slowest step so far) ends it too; at least 5 (workers beat every second)",
+        group="placement and backends", check=Range(ge=5), metavar="SECONDS"))
     actor_num_workers: int = attrs.field(default=1, metadata=flag(
         "training worker processes (torch: data-parallel ranks; megatron: TP x PP x DP)",
         group="placement and backends", check=POSITIVE_INT))

@@ -28,7 +28,7 @@ from relax.runtime.actor_metrics import STEP_METRICS_KEY, combine_actor_metrics,
 from relax.runtime.cluster import Runtime
 from relax.runtime.rollouts import plan_from_rollouts, rollout_metrics
 from relax.runtime.schedule import num_minibatches
-from relax.runtime.waits import BackgroundCall, get
+from relax.runtime.waits import BackgroundCall, Patience, get
 
 
 def rollout_version(step: int, staleness_bound: int, floor: int) -> int:
@@ -53,6 +53,7 @@ class Pipeline:
         # Dropping a finished step's partition is off the critical path: a driver thread does it
         # while the next steps run (TransferQueue's client is thread-safe: it runs its own loop).
         self.clearer = BackgroundCall("clearing a finished step from the data plane")
+        self.patience = Patience(rt.config.worker_timeout)  # a step without progress ends the run
 
     def checkpointed(self, step: int) -> None:
         """A checkpoint of ``step`` was written: later rollouts sample with its weights or newer."""
@@ -95,12 +96,13 @@ class Pipeline:
         for t in range(self.last_submitted + 1, max(step, submit_through) + 1):
             self._submit(t)
         refs = self.submitted[step]
-        rolls = get(refs["rolls"], "rollout", timeout=timeout)
+        progress = self.patience.deadline()
+        rolls = get(refs["rolls"], "rollout", timeout=timeout, progress=progress)
         t_roll = time.perf_counter()
         row = {"step": step, **rollout_metrics(self.algorithm, rolls)}
-        for part in get(refs["prep"], "reference/critic", timeout=timeout):
+        for part in get(refs["prep"], "reference/critic", timeout=timeout, progress=progress):
             row.update(part)
-        results = get(refs["train"], "actor/critic", timeout=timeout)
+        results = get(refs["train"], "actor/critic", timeout=timeout, progress=progress)
         del self.submitted[step]
         now = time.perf_counter()
         self._clear_later(step)  # every consumer of this step is done
@@ -117,6 +119,7 @@ class Pipeline:
         else:
             self.latest_weights = refs["weights"]
         step_s = now - self.t_last
+        self.patience.observe(step_s)
         row.update({
             "time/rollout_s": row["time/rollout/total_s"],
             "time/advantages_s": row.get("time/advantages/total_s", 0.0),

@@ -5,7 +5,10 @@ before any process starts: validation (``validation.py``), then pre-flight (``pr
 tokenizer, model directory, reward function, output directory, checkpoint), both also in
 ``--dry-run``. ray is imported only once ``relax train`` hands an accepted configuration to
 ``relax.runtime.train.run``. A failure at run time exits with status 1 and one ``relax train: error:``
-line; Ctrl-C exits with 130 and SIGTERM with 143, both after the same clean shutdown.
+line; Ctrl-C exits with 130, SIGTERM with 143 and SIGHUP (a closed terminal) with 129, all after the
+same clean shutdown that saves the last trained step, whatever became of stdout and stderr.
+``relax train --load RUN_DIR`` resumes with the run's own ``config.yaml`` as the base; flags given
+with it override the file, as with ``--config``.
 """
 
 from __future__ import annotations
@@ -15,13 +18,20 @@ import os
 import signal
 import sys
 import threading
+from pathlib import Path
 
 import yaml
 
 from relax.cli.algorithms_cmd import add_algorithms_arguments, run_algorithms
 from relax.cli.arguments import HelpFormatter, add_train_arguments
 from relax.cli.build import build_run_config
-from relax.cli.config_file import ConfigFileError, config_to_dict, read_config_file, write_effective_config
+from relax.cli.config_file import (
+    EFFECTIVE_CONFIG_NAME,
+    ConfigFileError,
+    config_to_dict,
+    read_config_file,
+    write_effective_config,
+)
 from relax.cli.plot import add_plot_arguments, run_plot, write_run_plot
 from relax.cli.preflight import PreflightError, preflight
 from relax.cli.suggest import closest
@@ -105,15 +115,30 @@ def parse_command_line(argv: list[str], parser, subparsers) -> argparse.Namespac
     return args
 
 
+def resumed_run_config(load: str | None) -> Path | None:
+    """``--load`` without ``--config`` resumes with the settings the run was started with: the
+    ``config.yaml`` of the run directory the checkpoint belongs to (None when there is none)."""
+    from relax.runtime.run_dir import run_of_checkpoint
+
+    run = run_of_checkpoint(load) if load else None
+    path = run / EFFECTIVE_CONFIG_NAME if run is not None else None
+    return path if path is not None and path.is_file() else None
+
+
 def prepare_train_config(argv: list[str], parser, train_parser) -> tuple[RunConfig, argparse.Namespace]:
     """Parse, merge ``--config``, build and validate; exits with status 2 on any error."""
     subparsers = {"train": train_parser}
     args = parse_command_line(argv, parser, subparsers)
-    if args.config:
+    base = args.config or resumed_run_config(args.load)
+    if base:
+        if not args.config:
+            print(f"relax train: resuming with the settings in {base} (flags given here override them)",
+                  file=sys.stderr)
+        where = f"--config {base}" if args.config else f"--load {args.load}: the run's settings {base}"
         try:
-            file_values = read_config_file(args.config, train_parser)
+            file_values = read_config_file(base, train_parser)
         except ConfigFileError as exc:
-            train_parser.error(f"--config {args.config}: {exc}")
+            train_parser.error(f"{where}: {exc}")
         # The file's values become defaults, so flags given on the command line win; the merged
         # result is validated below exactly like a command line.
         train_parser.set_defaults(**file_values)
@@ -164,11 +189,27 @@ def run_train(config: RunConfig):
 
 
 class _Terminated(KeyboardInterrupt):
-    """SIGTERM, delivered as a KeyboardInterrupt so that the run shuts down exactly like on Ctrl-C."""
+    """SIGTERM (or SIGHUP: the terminal closed), delivered as a KeyboardInterrupt so that the run
+    shuts down, and saves, exactly like on Ctrl-C."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
 
 
-def _on_sigterm(signum, frame):
-    raise _Terminated()
+def _on_terminate(signum, frame):
+    raise _Terminated(signum)
+
+
+def _handle_termination() -> dict:
+    """Turn SIGTERM, and SIGHUP unless it is ignored (``nohup``), into ``_Terminated``; returns the
+    handlers to put back. Only the main thread may set signal handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    previous = {signal.SIGTERM: signal.signal(signal.SIGTERM, _on_terminate)}
+    if signal.getsignal(signal.SIGHUP) == signal.SIG_DFL:
+        previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, _on_terminate)
+    return previous
 
 
 def _run_error_message(exc: BaseException) -> str | None:
@@ -208,30 +249,33 @@ def main(argv: list[str] | None = None) -> int:
         if args.dry_run:
             print(yaml.safe_dump(config_to_dict(config), sort_keys=False), end="")
             return 0
+        from relax.runtime.console import guarded_output
         from relax.runtime.run_dir import RunDirError
 
-        previous = None
-        if threading.current_thread() is threading.main_thread():
-            previous = signal.signal(signal.SIGTERM, _on_sigterm)
-        try:
-            run_train(config)
-        except RunDirError as exc:  # another run took the directory after pre-flight
-            train_parser.error(str(exc))
-        except _Terminated:
-            print("relax train: terminated (SIGTERM); the workers were shut down", file=sys.stderr)
-            return 143
-        except KeyboardInterrupt:  # the runtime has already shut its processes down cleanly
-            print("relax train: interrupted", file=sys.stderr)
-            return 130
-        except Exception as exc:
-            message = _run_error_message(exc)
-            if message is None:
-                raise
-            print(f"relax train: error: {message}", file=sys.stderr)
-            return 1
-        finally:
-            if previous is not None:
-                signal.signal(signal.SIGTERM, previous)
+        previous = _handle_termination()
+        # A reader that is gone (`| tee` hit by the same Ctrl-C, a closed terminal) must not stop the
+        # save: output to it is dropped from then on (relax.runtime.console).
+        with guarded_output():
+            try:
+                run_train(config)
+            except RunDirError as exc:  # another run took the directory after pre-flight
+                train_parser.error(str(exc))
+            except _Terminated as exc:
+                name = signal.Signals(exc.signum).name
+                print(f"relax train: terminated ({name}); the workers were shut down", file=sys.stderr)
+                return 128 + exc.signum
+            except KeyboardInterrupt:  # the runtime has already shut its processes down cleanly
+                print("relax train: interrupted", file=sys.stderr)
+                return 130
+            except Exception as exc:
+                message = _run_error_message(exc)
+                if message is None:
+                    raise
+                print(f"relax train: error: {message}", file=sys.stderr)
+                return 1
+            finally:
+                for signum, handler in previous.items():
+                    signal.signal(signum, handler)
         return 0
     args = parse_command_line(argv, parser, subparsers)
     if args.command == "plot":

@@ -185,6 +185,14 @@ class Evaluation:
         length = f" | response len {row['eval/response_len']:.1f}" if "eval/response_len" in row else ""
         return f"relax: eval step {row['eval/policy_version']} ({row['eval/num_prompts']} prompts): {' '.join(parts)}{length}"
 
+    def resume(self, rows) -> None:
+        """A resumed run keeps the evaluations its earlier part logged (``metrics.jsonl`` rows up to
+        the checkpoint), so the summary still compares with the held-out score before training."""
+        for row in rows:
+            if "eval/policy_version" in row:
+                metrics = {k: v for k, v in row.items() if k.startswith("eval/")}
+                self.results[int(row["eval/policy_version"])] = metrics
+
     def before_after(self) -> tuple[dict | None, dict | None]:
         """The first and the last evaluation of the run (None when there was none)."""
         if not self.results:

@@ -8,7 +8,7 @@ A directory *holds a run* when it has a non-empty ``metrics.jsonl`` or a checkpo
 While a run writes, it holds an exclusive ``fcntl`` lock on ``<output_dir>/.relax.lock``; the file
 records the holder's process id, host and command line, so a second run started on the same
 directory is refused with a message naming both. The kernel drops the lock when the holder exits,
-however it exits (a stale lock file is harmless). Locks are re-entrant within one process: the CLI
+however it exits (a stale lock file is harmless); a run that ends normally deletes the file. Locks are re-entrant within one process: the CLI
 takes the lock before it writes ``config.yaml`` and ``run(config)`` takes it again.
 """
 
@@ -121,6 +121,11 @@ def check_output_dir(path, *, resuming: bool | str = False, overwrite: bool = Fa
     run = _holds_run(path) if path.is_dir() else None
     if run is not None and resuming and not isinstance(resuming, bool) and not overwrite:
         owner = run_of_checkpoint(resuming)
+        if owner is None and not Path(resuming).is_file() and not (Path(resuming) / "state.pt").is_file():
+            raise RunDirError(
+                f"--load {resuming}: no checkpoint there (the run in it stopped before it saved one); start "
+                f"it again with --overwrite-output-dir, or choose another --output-dir"
+            )
         if not _resumes_in_place(path, resuming):
             source = f"the run in {owner}" if owner is not None else "a checkpoint kept outside any run directory"
             fixes = f"pass --output-dir {owner} to continue that run in place, or" if owner is not None else "pass"
@@ -159,6 +164,10 @@ class RunDirLock:
     def release(self) -> None:
         if self._fd is not None:
             try:
+                # removed while still held, so no other run can have opened this file and be waiting
+                # for it (lock_run_dir checks it locked the file the path names)
+                with contextlib.suppress(OSError):
+                    (self.path / LOCK_NAME).unlink()
                 fcntl.flock(self._fd, fcntl.LOCK_UN)
             finally:
                 os.close(self._fd)
@@ -213,6 +222,32 @@ def lock_holder(path) -> str | None:
         os.close(fd)
 
 
+def _lock_file(path: Path) -> int:
+    """Create and exclusively lock ``<path>/.relax.lock``; returns its descriptor. The holder deletes
+    the file when it releases it, so a lock taken on a file that was deleted meanwhile is retried."""
+    for _ in range(10):
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise RunDirError(f"--output-dir {path}: cannot create it ({exc.strerror or exc})") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise RunDirError(
+                f"--output-dir {path} is in use by another relax run ({lock_holder(path) or 'another process'}); "
+                "wait for it to finish or choose another --output-dir"
+            ) from None
+        try:
+            if os.fstat(fd).st_ino == os.stat(path / LOCK_NAME).st_ino:
+                return fd
+        except FileNotFoundError:
+            pass
+        os.close(fd)  # the previous holder deleted this file as we locked it: take the new one
+    raise RunDirError(f"--output-dir {path}: could not take its lock file {LOCK_NAME}; try again")
+
+
 def lock_run_dir(path, *, resuming: bool | str = False, overwrite: bool = False) -> RunDirLock:
     """Check ``path`` (``check_output_dir``), create it, take its lock and, with ``overwrite``, clear the
     old run. Keep the returned object alive while the run writes. Re-entrant within one process."""
@@ -221,19 +256,7 @@ def lock_run_dir(path, *, resuming: bool | str = False, overwrite: bool = False)
     if held is not None and held.held:
         return held
     check_output_dir(path, resuming=resuming, overwrite=overwrite)
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as exc:
-        raise RunDirError(f"--output-dir {path}: cannot create it ({exc.strerror or exc})") from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise RunDirError(
-            f"--output-dir {path} is in use by another relax run ({lock_holder(path) or 'another process'}); "
-            "wait for it to finish or choose another --output-dir"
-        ) from None
+    fd = _lock_file(path)
     os.ftruncate(fd, 0)
     command = " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]) if sys.argv and sys.argv[0] else ""
     os.write(fd, f"pid={os.getpid()}\nhost={socket.gethostname()}\ncommand={command[:300]}\n".encode())

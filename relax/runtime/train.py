@@ -183,6 +183,8 @@ def run(config) -> RunSummary:
             step = index + 1
             final = step == config.num_rollout
             saving = saves_at(config, step)
+        if state is not None:
+            evaluation.resume(metrics_log.rows)  # the original run's held-out "before"
             row = pipeline.step(step, submit_through=submit_limit(config, step))
             if evaluation.due(step):  # version `step`: the weights this step trained
                 row.update(evaluation.run(step, pipeline.latest_weights))

@@ -304,8 +304,9 @@ def policy_health_shares(shard: dict, rows: slice, response_mask: torch.Tensor, 
     if "ref_log_probs" in shard:
         kl = numerics.kl_estimate(shard["old_log_probs"][rows], shard["ref_log_probs"][rows], kl_type)
         shares["kl_to_ref"] = float((kl * mask).sum()) / global_tokens
-    if "rollout_log_probs" in shard["fields"]:
-        engine = shard["fields"]["rollout_log_probs"][rows].float()
+    engine_log_probs = shard.get("fields", {}).get("rollout_log_probs")
+    if engine_log_probs is not None:
+        engine = engine_log_probs[rows].float()
         gap = (engine - shard["old_log_probs"][rows].float()).abs()
         shares["logprob_abs_diff"] = float((gap * mask).sum()) / global_tokens
     return shares

@@ -46,8 +46,9 @@ class TurnFormat:
             return list(self.tokenizer.encode(text))
         if self.wrapper is not None:
             after_assistant, before, after = self.wrapper
-            stop = self.hf.decode([previous_token]) if previous_token is not None else ""
-            closing = after_assistant[len(stop):] if stop and after_assistant.startswith(stop) else after_assistant
+            stop = self.hf.decode([previous_token]).strip() if previous_token is not None else ""
+            trimmed = after_assistant.lstrip()
+            closing = trimmed[len(stop):] if stop and trimmed.startswith(stop) else after_assistant
             text = closing + before + text + after
         return list(self.hf(text, add_special_tokens=False)["input_ids"])
 

@@ -146,9 +146,10 @@ def run(config) -> RunSummary:
          f"roles: {layout.describe()}; output: {out}")
     if not config.hf_checkpoint and state is None:
         with contextlib.suppress(Exception):
+            from relax.models.tiny.calculator import TASK_CHECKPOINTS
             from relax.models.tiny.weights import warmup_base_rates
 
-            rates = warmup_base_rates()
+            rates = warmup_base_rates(TASK_CHECKPOINTS.get(config.task))  # the task's own tiny model
             log("relax: warm-up base rates: " + ", ".join(f"{k} {v:.3f}" for k, v in rates.items()))
 
     runtime = Runtime(config, algorithm_cls, layout)

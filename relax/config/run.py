@@ -179,6 +179,11 @@ class RunConfig:
     # -- placement / backends --
     ray_address: str | None = attrs.field(default=None, metadata=flag(
         "Ray cluster to join (default: start a local one)", group="placement and backends"))
+    ray_working_dir: str | None = attrs.field(default=None, metadata=flag(
+        "ship this directory to every Ray worker as its working directory (at most 100 MiB without .git, "
+        "__pycache__, the output directory and Ray's temp dir); by default a run that joins a cluster ships only "
+        "your own modules named by --advantage-estimator, --custom-rm-path, the hooks and --env-path",
+        group="placement and backends", metavar="DIR"))
     worker_timeout: float = attrs.field(default=60.0, metadata=flag(
         "end the run when a worker's heartbeat stops for this many seconds (stopped, swapped out, stuck in a "
         "kernel call), naming the worker, after \"still waiting\" lines; a step without progress for 10x this "

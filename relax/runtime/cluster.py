@@ -16,6 +16,7 @@ from relax.runtime.console import log
 from relax.runtime.heartbeat import Heartbeats
 from relax.runtime.ray_session import WORKER_CPUS, quiet_transferqueue_client, start_ray, stop_ray
 from relax.runtime.reaper import kill_pids
+from relax.runtime.shipping import with_absolute_paths
 from relax.runtime.waits import (
     WorkerDied,
     bounded,
@@ -68,7 +69,9 @@ class Runtime:
         from relax.runtime.data_plane import TransferQueueDataPlane
         from relax.runtime.rollout_worker import RolloutWorker
 
-        cfg, algorithm_spec = self.config, self.config.advantage_estimator
+        # a joined cluster's workers do not run in this directory: relative data paths made absolute
+        cfg = with_absolute_paths(self.config) if self.config.ray_address else self.config
+        algorithm_spec = cfg.advantage_estimator
         t0 = time.perf_counter()
         # Set before Ray starts: a SIGTERM during start-up must still stop what was started.
         self.started_ray = not ray.is_initialized()
@@ -169,7 +172,7 @@ class Runtime:
         # A cluster this run started goes down whole with ray.shutdown() below; stopping Serve first
         # would only wait for its graceful shutdown (up to 20 s) and make Ray report the controller it
         # kills. On a cluster the run joined, only the run's app is deleted.
-        if self.serve_app is not None and not self.started_ray:
+        if self.serve_app is not None and (not self.started_ray or self.config.ray_address):
             bounded(stop_serve, "stopping the advantages deployment")
         for handle in [*self.rollouts, *self.actors, self.critic]:
             if handle is not None:

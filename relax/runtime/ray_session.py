@@ -11,6 +11,7 @@ import threading
 
 from relax.runtime.environment import RAY_ENV_DEFAULTS, apply_environment_defaults
 from relax.runtime.reaper import Watchdog, sweep
+from relax.runtime.shipping import cluster_runtime_env
 from relax.runtime.waits import bounded
 
 WORKER_CPUS = 0.25  # logical: Ray's CPUs are scheduling tokens, not cores
@@ -18,17 +19,15 @@ WORKER_CPUS = 0.25  # logical: Ray's CPUs are scheduling tokens, not cores
 
 def _runtime_env(config) -> dict:
     """Workers must import what the driver imports, including a user's ``my_pkg.my_mod:MyAlgo``
-    from the current directory: locally through PYTHONPATH, on a remote cluster by shipping the
-    working directory."""
-    cwd = os.getcwd()
+    from the current directory: on a local cluster through PYTHONPATH; on a cluster the run joins,
+    by shipping the user's modules only (``relax.runtime.shipping``: never the whole directory, which
+    may be huge and would shadow the installed relax). ``--ray-working-dir`` ships a directory."""
     env = {k: os.environ.get(k, v) for k, v in RAY_ENV_DEFAULTS.items()}
-    paths = [cwd] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if config.ray_address or config.ray_working_dir:
+        return {"env_vars": env, **cluster_runtime_env(config)}
+    paths = [os.getcwd()] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
-    runtime_env = {"env_vars": env}
-    if config.ray_address:
-        runtime_env["working_dir"] = cwd
-        runtime_env["excludes"] = ["outputs/", ".git/", "*.pt", "__pycache__/", ".tox/", "*.egg-info/"]
-    return runtime_env
+    return {"env_vars": env}
 
 
 RAY_ADDRESS_TIMEOUT_S = 5.0

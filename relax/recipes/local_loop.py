@@ -39,14 +39,10 @@ from collections.abc import Callable, Mapping
 import torch
 
 from relax.algorithms import AdvantageInputs, AlgorithmConfig, RLAlgorithm
+from relax.algorithms.types import check_normalized_rewards
 from relax.backends.torch_backend import TorchBackend
 from relax.models.batch import TokenBatch
 from relax.models.tiny.weights import load_warmup_model
-from relax.rollout.base import SamplingParams
-from relax.rollout.sampling import sample_groups
-from relax.rollout.tasks import Task, get_task
-from relax.rollout.tasks.addition import greedy_accuracy
-from relax.rollout.tiny.engine import TinyEngine
 from relax.recipes.local_recipe import (
     LocalRunResult,
     check_scales,
@@ -54,8 +50,14 @@ from relax.recipes.local_recipe import (
     recipe_config,
     resolve_algorithm,
 )
+from relax.rollout.base import SamplingParams
+from relax.rollout.sampling import sample_groups
+from relax.rollout.tasks import Task, get_task
+from relax.rollout.tasks.addition import greedy_accuracy
+from relax.rollout.tiny.engine import TinyEngine
 from relax.runtime.losses import policy_loss_fn
-from relax.runtime.schedule import segment_slices
+from relax.runtime.rollout_worker import filter_groups as keep_groups_with_signal
+from relax.runtime.schedule import plan_step, segment_slices
 
 # Per-step keys that depend on wall time, so they are excluded when comparing two runs.
 TIMING_PREFIX = "time/"
@@ -159,7 +161,7 @@ def train_local(
                 record[f"reward/{k}/mean"] = float(all_rewards[:, j].mean())
 
             keep = (
-                algorithm.group_has_signal(rewards, group_ids)
+                keep_groups_with_signal(algorithm, rewards, group_ids)
                 if filter_groups
                 else torch.ones(len(all_rewards), dtype=torch.bool)
             )
@@ -219,10 +221,12 @@ def _train_on_kept(
     kept: TokenBatch = batch.select(rows)
     kept_ids = group_ids[rows]
     scalar = algorithm.normalize_rewards(rewards[rows], kept_ids)
-    # Mini-batches are whole prompt groups: kept rows are grouped, so split on group edges.
-    kept_groups = kept_ids.unique_consecutive()
-    chunks = torch.tensor_split(kept_groups, min(num_minibatches, len(kept_groups)))
-    sizes = tuple(int(torch.isin(kept_ids, c).sum()) for c in chunks)
+    check_normalized_rewards(algorithm, scalar, kept_ids.shape)
+    # Mini-batches are whole prompt groups, planned as the Ray pipeline plans them.
+    group_size = len(kept_ids) // len(kept_ids.unique_consecutive())
+    group_tokens = kept.response_mask.sum(1).view(-1, group_size).sum(1).tolist()
+    plan = plan_step(kept_ids.unique_consecutive().tolist(), group_tokens, group_size, num_minibatches, 1)
+    sizes = plan.segment_sizes
     advantages, _ = algorithm.compute_advantages(
         AdvantageInputs(rewards=scalar, response_mask=kept.response_mask, segment_sizes=sizes)
     )

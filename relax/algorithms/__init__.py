@@ -7,7 +7,6 @@ import it, and its tests run on a bare CPU install.
 
 from relax.algorithms.base import RLAlgorithm
 from relax.algorithms.capabilities import CAPABILITIES
-from relax.algorithms.config import AlgorithmConfig
 from relax.algorithms.registry import (
     BUILTIN_ALGORITHMS,
     algorithm_names,
@@ -15,6 +14,8 @@ from relax.algorithms.registry import (
     load_algorithm,
 )
 from relax.algorithms.types import AdvantageInputs, PolicyLossInputs, PolicyLossOutput
+from relax.config.algorithm import AlgorithmConfig
+from relax.config.fields import flag
 
 __all__ = [
     "AdvantageInputs",
@@ -25,6 +26,7 @@ __all__ = [
     "PolicyLossOutput",
     "RLAlgorithm",
     "algorithm_names",
+    "flag",
     "get_algorithm",
     "load_algorithm",
 ]

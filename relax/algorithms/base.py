@@ -12,6 +12,11 @@ rollout keeps) and ``reward_diagnostics`` (the per-step metrics of the raw rewar
 the statistics of its own reward stage there, so that the runtime never inspects a specific
 algorithm).
 
+A method's own hyper-parameters are fields of its own ``Config``: an attrs class deriving from its
+parent's ``Config`` (``RLAlgorithm.Config`` is ``AlgorithmConfig``, the fields every method shares),
+each field declaring its flag with ``metadata=flag(...)``. ``relax train`` builds its parser from
+the chosen class's ``Config``, and every process instantiates the class with an instance of it.
+
 Capability attributes (see ``capabilities.CAPABILITIES``) are validated by the metaclass when the
 class is *defined*, so a typo or a contradiction fails at import time with a ``TypeError`` naming the
 class and the attribute, instead of silently doing something else at run time.
@@ -34,8 +39,8 @@ from relax.algorithms.capabilities import (
     METADATA_ATTRIBUTES,
     REMOVED_CAPABILITIES,
 )
-from relax.algorithms.config import AlgorithmConfig
 from relax.algorithms.types import AdvantageInputs, PolicyLossInputs, PolicyLossOutput
+from relax.config.algorithm import AlgorithmConfig
 
 
 def _is_plain_data(value) -> bool:
@@ -93,17 +98,32 @@ class AlgorithmMeta(abc.ABCMeta):
         name = cls.__dict__.get("name", None)
         if name is not None and (not isinstance(name, str) or not name):
             raise TypeError(f"{owner}.name must be a non-empty string, got {name!r}")
+        config_cls = cls.__dict__.get("Config")
+        if config_cls is not None:
+            parent = next(b.Config for b in cls.__mro__[1:] if "Config" in b.__dict__)
+            if not (isinstance(config_cls, type) and attrs.has(config_cls) and issubclass(config_cls, parent)):
+                raise TypeError(
+                    f"{owner}.Config must be an attrs class deriving from {parent.__qualname__} (the parent "
+                    "method's Config), e.g. @attrs.frozen(kw_only=True) class Config(Parent.Config): ..."
+                )
+            # The fields a method adds are read by it: they join the hyper-parameters it lists (when it
+            # lists any), so `relax algorithms` shows them and validation never calls them unread.
+            inherited = attrs.fields_dict(parent)
+            listed = getattr(cls, "hyperparameters")
+            if isinstance(listed, tuple) and listed:
+                added = tuple(f.name for f in attrs.fields(config_cls) if f.name not in inherited and f.name not in listed)
+                cls.hyperparameters = listed + added
         hyper = getattr(cls, "hyperparameters")
-        fields = attrs.fields_dict(AlgorithmConfig)
+        fields = attrs.fields_dict(cls.Config)
         if not isinstance(hyper, tuple) or any(h not in fields for h in hyper):
             unknown = [h for h in hyper if h not in fields] if isinstance(hyper, tuple) else hyper
             raise TypeError(
-                f"{owner}.hyperparameters must be a tuple of AlgorithmConfig field names; unknown: {unknown!r}"
+                f"{owner}.hyperparameters must be a tuple of {owner}.Config field names; unknown: {unknown!r}"
             )
 
 
 class RLAlgorithm(metaclass=AlgorithmMeta):
-    """Base class of every RL method. Instantiate with an ``AlgorithmConfig``.
+    """Base class of every RL method. Instantiate with an instance of its ``Config``.
 
     Subclasses override ``normalize_rewards``, ``compute_advantages`` and ``policy_loss`` (all three
     are abstract here) and may override ``group_has_signal`` (which prompt groups the rollout keeps)
@@ -124,15 +144,41 @@ class RLAlgorithm(metaclass=AlgorithmMeta):
     kl_level: ClassVar[str] = "token"
     group_relative: ClassVar[bool] = False
 
+    # -- the method's hyper-parameters: a subclass adds its own in a Config deriving from its parent's --
+    Config: ClassVar[type[AlgorithmConfig]] = AlgorithmConfig
+
     # -- metadata --
     name: ClassVar[str | None] = None
     hyperparameters: ClassVar[tuple[str, ...]] = ()
     paper: ClassVar[str | None] = None
 
     def __init__(self, config: AlgorithmConfig | None = None):
-        self.config = config if config is not None else AlgorithmConfig()
-        if not isinstance(self.config, AlgorithmConfig):
-            raise TypeError(f"{type(self).__name__} expects an AlgorithmConfig, got {type(config).__name__}")
+        self.config = type(self).config_of(config)
+
+    @classmethod
+    def config_of(cls, config: AlgorithmConfig | None = None) -> AlgorithmConfig:
+        """``config`` as an instance of ``cls.Config``.
+
+        A configuration of a parent's ``Config`` (e.g. a plain ``AlgorithmConfig`` built in Python)
+        is rebuilt as ``cls.Config`` with its values and the defaults of the method's own fields;
+        one holding a field ``cls.Config`` lacks is refused, so a value is never dropped.
+        """
+        if config is None:
+            return cls.Config()
+        if isinstance(config, cls.Config):
+            return config
+        if not isinstance(config, AlgorithmConfig):
+            raise TypeError(
+                f"{cls.__name__} expects a {cls.__name__}.Config (an AlgorithmConfig), got {type(config).__name__}"
+            )
+        own = attrs.fields_dict(cls.Config)
+        foreign = [f.name for f in attrs.fields(type(config)) if f.name not in own]
+        if foreign:
+            raise TypeError(
+                f"{cls.__name__} expects a {cls.__name__}.Config; the given {type(config).__qualname__} holds "
+                f"{', '.join(foreign)}, which {cls.__name__} does not have"
+            )
+        return cls.Config(**{f.name: getattr(config, f.name) for f in attrs.fields(type(config))})
 
     @classmethod
     def capabilities(cls) -> dict[str, object]:

@@ -41,9 +41,11 @@ project's recommended semantics:
 Statistics of the recommended path are float64 and two-pass, stds unbiased. The policy loss is
 GRPO's PPO clip.
 
-``--gdpo-preset`` sets every axis to reproduce a reference implementation exactly (setting an axis
-as well is an error, see ``AlgorithmConfig``); it then also uses the reference's own float32
-arithmetic in the reference's order of operations:
+A preset reproduces a reference implementation exactly: it is a subclass (``GDPONVLabsTRL``,
+``GDPONVLabsVerl``) that fixes every axis (setting an axis as well is an error) and uses the
+reference's own float32 arithmetic in the reference's order of operations. ``--gdpo-preset NAME``
+selects it: ``GDPO(config)`` with ``config.gdpo_preset`` set builds the preset's class, so every
+process that resolves ``gdpo`` gets the same one.
 
 - ``nvlabs-trl`` (NVlabs ``trl-0.18.0-gdpo`` ``GRPOTrainer``, ``apply_gdpo``): per reward, the
   completions laid out group after group ([groups, G] view), ``(r - mean) / (std + 1e-4)`` with
@@ -71,13 +73,22 @@ statistics see the same numbers in another order: equal up to float32 summation 
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import attrs
 import torch
 
 from relax.algorithms import diagnostics, numerics
-from relax.algorithms.config import AlgorithmConfig
 from relax.algorithms.grpo import GRPO, LOSS_TERM_HYPERPARAMETERS, PPO_CLIP_HYPERPARAMETERS
 from relax.algorithms.types import AdvantageInputs
+from relax.config.fields import POSITIVE, OneOf, flag, flag_name
+
+GDPO_GROUP = "GDPO variants (see `relax algorithms gdpo`)"  # the --help group of GDPO's own flags
+BASELINES = ("mean", "leave_one_out")
+WHITEN_UNITS = ("sample", "token")
+WHITEN_SCOPES = ("minibatch", "rollout")
+CONSTANT_COMPONENTS = ("zero", "formula")
+PRESET_NAMES = ("nvlabs-trl", "nvlabs-verl")  # the PRESET of each preset class (checked below)
 
 _AXES = ("gdpo_baseline", "gdpo_std_eps", "gdpo_whiten_unit", "gdpo_whiten_scope", "gdpo_constant_component")
 _VERL_WHITEN_VAR_EPS = 1e-8  # verl masked_whiten: (x - mean) * rsqrt(var + 1e-8)
@@ -85,7 +96,7 @@ _VERL_WHITEN_VAR_EPS = 1e-8  # verl masked_whiten: (x - mean) * rsqrt(var + 1e-8
 
 @attrs.frozen
 class GDPOVariant:
-    """The effective GDPO semantics of a configuration (each axis: flag > preset > default)."""
+    """The effective GDPO semantics of a configuration (each axis: its flag, else the class's value)."""
 
     baseline: str
     std_eps: float
@@ -95,9 +106,20 @@ class GDPOVariant:
     preset: str | None
 
     @classmethod
-    def from_config(cls, config: AlgorithmConfig) -> "GDPOVariant":
-        values = [config.gdpo_axis(name) for name in _AXES]
-        return cls(*values, preset=config.gdpo_preset)
+    def from_config(cls, config, algorithm: type[GDPO] | None = None) -> GDPOVariant:
+        algorithm = algorithm or GDPO.preset_class(config)
+
+        def axis(name, value):
+            return algorithm.AXES[name] if value is None else value
+
+        return cls(
+            baseline=axis("gdpo_baseline", config.gdpo_baseline),
+            std_eps=axis("gdpo_std_eps", config.gdpo_std_eps),
+            whiten_unit=axis("gdpo_whiten_unit", config.gdpo_whiten_unit),
+            whiten_scope=axis("gdpo_whiten_scope", config.gdpo_whiten_scope),
+            constant_component=axis("gdpo_constant_component", config.gdpo_constant_component),
+            preset=algorithm.PRESET,
+        )
 
 
 class GDPO(GRPO):
@@ -114,33 +136,92 @@ class GDPO(GRPO):
         + _AXES + PPO_CLIP_HYPERPARAMETERS + LOSS_TERM_HYPERPARAMETERS
     )
 
-    def __init__(self, config: AlgorithmConfig | None = None):
+    # The value of each axis whose flag is not given: this project's recommended semantics. A preset
+    # class replaces them with its reference's (and sets PRESET, the --gdpo-preset name that selects it).
+    AXES: ClassVar[dict] = {
+        "gdpo_baseline": "mean",
+        "gdpo_std_eps": 1e-4,
+        "gdpo_whiten_unit": "sample",
+        "gdpo_whiten_scope": "minibatch",
+        "gdpo_constant_component": "zero",
+    }
+    PRESET: ClassVar[str | None] = None
+    PRESETS: ClassVar[dict] = {}  # --gdpo-preset name -> class, filled below
+
+    @attrs.frozen(kw_only=True)
+    class Config(GRPO.Config):
+        """GRPO's hyper-parameters and GDPO's variant axes. An axis defaults to None = "not set": its
+        value then comes from the class (``AXES``), which is what lets a preset tell an axis the user
+        set from one left alone."""
+
+        gdpo_baseline: str | None = attrs.field(default=None, metadata=flag(
+            "GDPO per-component group baseline: mean, or leave_one_out (the mean of the other samples "
+            "of the group) (default: mean)", group=GDPO_GROUP, check=OneOf(BASELINES)))
+        gdpo_std_eps: float | None = attrs.field(default=None, metadata=flag(
+            "GDPO epsilon added to the std in (x - baseline) / (std + eps), in the group step and the batch "
+            "whitening (default: 1e-4)", group=GDPO_GROUP, check=POSITIVE, metavar="EPS"))
+        gdpo_whiten_unit: str | None = attrs.field(default=None, metadata=flag(
+            "GDPO batch whitening statistics: per completion (sample), or over valid response tokens so "
+            "longer answers weigh more (token) (default: sample)", group=GDPO_GROUP, check=OneOf(WHITEN_UNITS)))
+        gdpo_whiten_scope: str | None = attrs.field(default=None, metadata=flag(
+            "GDPO batch whitening over each optimizer mini-batch (minibatch), or one statistic over the "
+            "whole rollout (rollout) (default: minibatch)", group=GDPO_GROUP, check=OneOf(WHITEN_SCOPES)))
+        gdpo_constant_component: str | None = attrs.field(default=None, metadata=flag(
+            "GDPO: a component exactly constant within its group gives exactly 0 (zero), or plain "
+            "(r - mean) / (std + eps) with its rounding residue (formula) (default: zero)",
+            group=GDPO_GROUP, check=OneOf(CONSTANT_COMPONENTS)))
+        gdpo_preset: str | None = attrs.field(default=None, metadata=flag(
+            "reproduce a reference GDPO exactly: nvlabs-trl or nvlabs-verl (sets the --gdpo-* axes; do "
+            "not set them as well)", group=GDPO_GROUP, check=OneOf(PRESET_NAMES)))
+
+        def __attrs_post_init__(self):
+            super().__attrs_post_init__()
+            if self.gdpo_preset is not None:
+                GDPO.PRESETS[self.gdpo_preset].check_preset_config(self)
+
+    def __new__(cls, config=None):
+        # --gdpo-preset NAME is an alias of the preset's class: GDPO(config) builds that class.
+        return super().__new__(cls.preset_class(config) if cls is GDPO else cls)
+
+    @classmethod
+    def preset_class(cls, config) -> type[GDPO]:
+        """The class a configuration selects: its ``--gdpo-preset``'s, else GDPO itself."""
+        preset = getattr(config, "gdpo_preset", None)
+        return cls.PRESETS[preset] if preset is not None else cls
+
+    def __init__(self, config=None):
         super().__init__(config)
-        self.variant = GDPOVariant.from_config(self.config)
+        if self.PRESET is not None:  # also when the preset's class is named directly (module:Class)
+            self.check_preset_config(self.config)
+        self.variant = GDPOVariant.from_config(self.config, type(self))
+
+    @classmethod
+    def check_preset_config(cls, config) -> None:
+        """A preset fixes every axis (and its reference's reward layout); an axis set as well is a conflict."""
+        preset = cls.PRESET
+        if config.gdpo_preset not in (None, preset):
+            raise ValueError(f"gdpo_preset={config.gdpo_preset!r} contradicts the class {cls.__name__} ({preset})")
+        fields = attrs.fields_dict(type(config))
+        for name, value in cls.AXES.items():
+            mine = getattr(config, name)
+            if mine is not None:
+                raise ValueError(
+                    f"{name}={mine!r} conflicts with gdpo_preset={preset!r}, which sets {name} to "
+                    f"{value!r} to reproduce the reference exactly; drop {flag_name(fields[name])} or --gdpo-preset"
+                )
+        cls.check_reward_layout(config)
+
+    @classmethod
+    def check_reward_layout(cls, config) -> None:
+        """The reward keys and weights a preset's reference accepts (any, without a preset)."""
 
     # ---- steps 1 and 2 (rollout side) ----
 
     def decoupled_rewards(self, rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
-        """Steps 1 and 2: per-component group standardization, then the weighted sum -> ``[N]``.
-
-        float64 on the recommended path; float32 in the reference's arithmetic under a preset.
-        """
-        v = self.variant
+        """Steps 1 and 2: per-component group standardization, then the weighted sum -> ``[N]``."""
         r = numerics.reward_matrix(rewards, self.config.reward_keys)  # rejects NaN/inf, naming sample and key
         ids = numerics.check_group_ids(group_ids, r.shape[0])
-        if v.preset == "nvlabs-trl":
-            combined = _trl_decoupled(r.to(torch.float32), ids, self.config.reward_weights, v.std_eps)
-        elif v.preset == "nvlabs-verl":
-            combined = _verl_decoupled(r.to(torch.float32), ids, v.std_eps)
-        else:
-            groups = numerics.Groups(ids)
-            if v.constant_component == "zero":
-                z = numerics.group_standardize(r, groups, v.std_eps)  # a constant column gives exact zeros
-            else:
-                z = numerics.group_standardize_unshifted(r, groups, v.std_eps)
-            if v.baseline == "leave_one_out":
-                z = z * numerics.leave_one_out_factor(groups)[:, None]
-            combined = numerics.weighted_sum(z, self.config.reward_weights)
+        combined = self.combine_components(r, ids)
         where = numerics.first_non_finite(combined)
         if where is not None:
             raise ValueError(
@@ -148,6 +229,19 @@ class GDPO(GRPO):
                 f"(reward_weights={self.config.reward_weights}); use smaller, finite --reward-weights"
             )
         return combined
+
+    def combine_components(self, r: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """The recommended path of steps 1-2, in float64: the axes choose the baseline and the rule for
+        a constant component."""
+        v = self.variant
+        groups = numerics.Groups(ids)
+        if v.constant_component == "zero":
+            z = numerics.group_standardize(r, groups, v.std_eps)  # a constant column gives exact zeros
+        else:
+            z = numerics.group_standardize_unshifted(r, groups, v.std_eps)
+        if v.baseline == "leave_one_out":
+            z = z * numerics.leave_one_out_factor(groups)[:, None]
+        return numerics.weighted_sum(z, self.config.reward_weights)
 
     def normalize_rewards(self, rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
         return self.decoupled_rewards(rewards, group_ids).to(torch.float32)
@@ -176,10 +270,12 @@ class GDPO(GRPO):
 
     def compute_advantages(self, inputs: AdvantageInputs, process_group=None):
         self.check_normalize_advantages_flag()
+        advantages = self.whiten(inputs, process_group)
+        return advantages, advantages.clone()
+
+    def whiten(self, inputs: AdvantageInputs, process_group) -> torch.Tensor:
+        """Step 3 on the recommended path: per sample or token, per mini-batch or rollout -> ``[N, T]``."""
         v = self.variant
-        if v.preset is not None:
-            advantages = self._preset_whiten(inputs, process_group)
-            return advantages, advantages.clone()
         segments = inputs.segment_sizes if v.whiten_scope == "minibatch" else None
         what = "GDPO batch whitening"
         if v.whiten_unit == "sample":
@@ -191,31 +287,96 @@ class GDPO(GRPO):
             whitened = numerics.whiten_segments_weighted(
                 inputs.rewards, tokens, segments, process_group, eps=v.std_eps, what=what
             )
-        advantages = numerics.broadcast_to_tokens(whitened, inputs.response_mask)
-        return advantages, advantages.clone()
+        return numerics.broadcast_to_tokens(whitened, inputs.response_mask)
 
-    def _preset_whiten(self, inputs: AdvantageInputs, process_group) -> torch.Tensor:
-        """Step 3 of a preset: the reference's float32 whitening over the whole (gathered) batch."""
-        what = f"GDPO batch whitening (--gdpo-preset {self.variant.preset})"
+    def _gathered_rewards(self, inputs: AdvantageInputs, process_group):
+        """A preset's step 3 input: float32 rewards of the whole (gathered) batch, this rank's offset."""
+        what = f"GDPO batch whitening (--gdpo-preset {self.PRESET})"
         rewards = inputs.rewards.to(torch.float32)
-        mask = inputs.response_mask.to(torch.bool)
         bad = numerics.first_non_finite(rewards)
         error = None if bad is None else (
             f"{what} received a non-finite value {rewards[bad].item()!r} at sample {bad[0]} (on this rank)"
         )
-        n, t = mask.shape
         values, offset = numerics.all_gather_rows(rewards, process_group, error=error, what=what)
-        if self.variant.preset == "nvlabs-trl":
-            if values.shape[0] < 2:
-                raise ValueError(
-                    f"{what}: the batch holds {values.shape[0]} sample(s); its std needs at least 2"
-                )
-            out = (values - values.mean()) / (values.std() + self.variant.std_eps)
-            return numerics.broadcast_to_tokens(out[offset:offset + n], mask)
+        return what, values, offset
+
+
+class GDPONVLabsTRL(GDPO):
+    """GDPO as the NVlabs TRL reference computes it (``--gdpo-preset nvlabs-trl``)."""
+
+    PRESET = "nvlabs-trl"
+    AXES = {
+        "gdpo_baseline": "mean",
+        "gdpo_std_eps": 1e-4,
+        "gdpo_whiten_unit": "sample",
+        "gdpo_whiten_scope": "rollout",
+        "gdpo_constant_component": "formula",
+    }
+
+    @classmethod
+    def check_reward_layout(cls, config) -> None:
+        if len(config.reward_keys) < 2:
+            raise ValueError(
+                "gdpo_preset='nvlabs-trl' reproduces the TRL reference's GDPO branch, which it only takes "
+                f"with more than one reward; reward_keys has {len(config.reward_keys)} "
+                f"({', '.join(config.reward_keys)}). Give --reward-keys at least two components "
+                "(e.g. --reward-keys correctness format)"
+            )
+
+    def combine_components(self, r, ids):
+        return _trl_decoupled(r.to(torch.float32), ids, self.config.reward_weights, self.variant.std_eps)
+
+    def whiten(self, inputs, process_group):
+        """The reference's float32 whitening over the whole (gathered) batch, one value per completion."""
+        what, values, offset = self._gathered_rewards(inputs, process_group)
+        mask = inputs.response_mask.to(torch.bool)
+        n = mask.shape[0]
+        if values.shape[0] < 2:
+            raise ValueError(
+                f"{what}: the batch holds {values.shape[0]} sample(s); its std needs at least 2"
+            )
+        out = (values - values.mean()) / (values.std() + self.variant.std_eps)
+        return numerics.broadcast_to_tokens(out[offset:offset + n], mask)
+
+
+class GDPONVLabsVerl(GDPO):
+    """GDPO as the NVlabs verl fork computes it (``--gdpo-preset nvlabs-verl``)."""
+
+    PRESET = "nvlabs-verl"
+    AXES = {
+        "gdpo_baseline": "mean",
+        "gdpo_std_eps": 1e-6,
+        "gdpo_whiten_unit": "token",
+        "gdpo_whiten_scope": "rollout",
+        "gdpo_constant_component": "formula",
+    }
+
+    @classmethod
+    def check_reward_layout(cls, config) -> None:
+        if len(config.reward_keys) != 2 or config.reward_weights != (1.0, 1.0):
+            raise ValueError(
+                "gdpo_preset='nvlabs-verl' reproduces the verl reference, which sums exactly two rewards "
+                f"without weights; got reward_keys={config.reward_keys} with reward_weights="
+                f"{config.reward_weights}. Give exactly two --reward-keys and no --reward-weights (or 1 1)"
+            )
+
+    def combine_components(self, r, ids):
+        return _verl_decoupled(r.to(torch.float32), ids, self.variant.std_eps)
+
+    def whiten(self, inputs, process_group):
+        """verl's ``masked_whiten`` over the valid tokens of the whole (gathered) batch."""
+        what, values, offset = self._gathered_rewards(inputs, process_group)
+        mask = inputs.response_mask.to(torch.bool)
+        n, t = mask.shape
         token_mask, _ = numerics.all_gather_rows(mask.to(torch.float32), process_group, what=what)
         whitened = _verl_masked_whiten(values[:, None] * token_mask, token_mask, what)
         mine = whitened[offset:offset + n, :t]
         return torch.where(mask, mine, torch.zeros((), dtype=torch.float32))
+
+
+GDPO.PRESETS = {cls.PRESET: cls for cls in (GDPONVLabsTRL, GDPONVLabsVerl)}
+if tuple(GDPO.PRESETS) != PRESET_NAMES:  # pragma: no cover - guards edits to the classes above
+    raise RuntimeError("PRESET_NAMES must list the PRESET of every GDPO preset class")
 
 
 # ---- presets: the references' own float32 arithmetic, step by step ----

@@ -8,11 +8,13 @@ the parent of most built-in methods: a subclass overrides only the stage that di
 
 from __future__ import annotations
 
+import attrs
 import torch
 
 from relax.algorithms import numerics
 from relax.algorithms.base import RLAlgorithm
 from relax.algorithms.types import AdvantageInputs, PolicyLossInputs, PolicyLossOutput
+from relax.config.fields import POSITIVE, flag
 
 # The AlgorithmConfig fields of GRPO's policy stage, named once for the ``hyperparameters`` of every
 # method that keeps that stage: the PPO clip of ``surrogate``, and the terms ``policy_loss`` adds to
@@ -178,6 +180,15 @@ class SAPO(GRPO):
     name = "sapo"
     paper = "Soft Adaptive Policy Optimization (Qwen team, 2025, arXiv:2511.20347)"
     hyperparameters = GRPO.hyperparameters + ("sapo_tau_pos", "sapo_tau_neg")
+
+    @attrs.frozen(kw_only=True)
+    class Config(GRPO.Config):
+        """GRPO's hyper-parameters and the gate temperatures."""
+
+        sapo_tau_pos: float = attrs.field(default=1.0, metadata=flag(
+            "SAPO gate temperature for positive advantages", group="algorithm", check=POSITIVE))
+        sapo_tau_neg: float = attrs.field(default=1.05, metadata=flag(
+            "SAPO gate temperature for negative advantages", group="algorithm", check=POSITIVE))
 
     def surrogate(self, log_probs, log_ratio, advantages, mask):
         ratio = torch.exp(log_ratio)

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import math
 
+import attrs
 import torch
 
 from relax.algorithms import numerics
 from relax.algorithms.grpo import GRPO, LOSS_TERM_HYPERPARAMETERS
+from relax.config.fields import NON_NEGATIVE, UNIT_INTERVAL, flag
 
 M2PO_TINY = 1e-12  # tolerance of the harmful-set test and of the budget comparison
 M2PO_NO_CLIP = 1e5  # threshold / eps_high when the trust region is inactive
@@ -55,6 +57,17 @@ class M2PO(GRPO):
         "reward_keys", "reward_weights", "normalize_advantages", "m2po_kl2_budget", "m2po_miniclip_low",
         "m2po_miniclip_high", "eps_clip_c",
     ) + LOSS_TERM_HYPERPARAMETERS
+
+    @attrs.frozen(kw_only=True)
+    class Config(GRPO.Config):
+        """GRPO's hyper-parameters and the second-moment trust region."""
+
+        m2po_kl2_budget: float = attrs.field(default=0.01, metadata=flag(
+            "M2PO second-moment budget on harmful tokens", group="algorithm", check=NON_NEGATIVE))
+        m2po_miniclip_low: float = attrs.field(default=0.3, metadata=flag(
+            "M2PO floor of the lower clip range", group="algorithm", check=UNIT_INTERVAL))
+        m2po_miniclip_high: float = attrs.field(default=0.5, metadata=flag(
+            "M2PO floor of the upper clip range", group="algorithm", check=NON_NEGATIVE))
 
     def normalize_rewards(self, rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
         r = self.combined_rewards(rewards)

@@ -16,8 +16,7 @@ import attrs
 
 from relax.algorithms import BUILTIN_ALGORITHMS, CAPABILITIES, load_algorithm
 from relax.algorithms.base import RLAlgorithm
-from relax.algorithms.config import AlgorithmConfig
-from relax.algorithms.flags import flag_default, flag_of, option_strings
+from relax.config.fields import flag_default, flag_of, option_strings
 
 # Short column headings for the table; the legend under it spells each one out.
 COLUMN_LABELS = {
@@ -68,7 +67,7 @@ def _display_name(cls: type[RLAlgorithm]) -> str:
 
 def describe_algorithm(cls: type[RLAlgorithm]) -> dict:
     """JSON-ready description of one algorithm class."""
-    defaults = attrs.fields_dict(AlgorithmConfig)
+    defaults = attrs.fields_dict(cls.Config)
     return {
         "name": _display_name(cls),
         "class": f"{cls.__module__}.{cls.__qualname__}",
@@ -122,8 +121,8 @@ def format_details(cls: type[RLAlgorithm]) -> str:
     out.append("")
     if cls.hyperparameters:
         out.append("Hyper-parameters (flag, default, help):")
-        fields = attrs.fields_dict(AlgorithmConfig)
-        for name in cls.hyperparameters:  # AlgorithmConfig field names (checked when the class is defined)
+        fields = attrs.fields_dict(cls.Config)
+        for name in cls.hyperparameters:  # cls.Config field names (checked when the class is defined)
             field = fields[name]
             default = flag_default(field)
             shown = "" if default is None or isinstance(default, bool) else f" (default: {default})"

@@ -16,13 +16,13 @@ import attrs
 
 from relax.algorithms import load_algorithm
 from relax.algorithms.base import RLAlgorithm
-from relax.algorithms.config import AlgorithmConfig
-from relax.algorithms.flags import flag_name
-from relax.cli.validation import ConfigError
-from relax.rollout.rewards import SCALAR_REWARD_KEY, load_function, load_reward_function
+from relax.cli.arguments import method_fields
+from relax.cli.validation import ConfigError, describe
+from relax.config.algorithm import AlgorithmConfig
+from relax.config.fields import flag_default, flag_name
 from relax.config.run import RunConfig, default_run_name, output_dir_of
+from relax.rollout.rewards import SCALAR_REWARD_KEY, load_function, load_reward_function
 
-ALGORITHM_FIELDS = attrs.fields_dict(AlgorithmConfig)
 RUN_FIELDS = {name: f for name, f in attrs.fields_dict(RunConfig).items() if name != "algorithm"}
 
 
@@ -45,22 +45,33 @@ def default_reward_keys(task_name: str) -> tuple[str, ...]:
     return tuple(task.reward_keys)
 
 
-def _algorithm_config(
-    ns: argparse.Namespace, parser: argparse.ArgumentParser | None = None
-) -> AlgorithmConfig:
-    """The AlgorithmConfig of ``ns``; a rejected value raises ConfigError naming its flag.
-
-    ``parser`` is ignored (``flag_name`` names the flags); tests/algorithms still pass one.
-    """
-    values = {name: getattr(ns, name) for name in ALGORITHM_FIELDS if hasattr(ns, name)}
+def _algorithm_config(ns: argparse.Namespace, algorithm: type[RLAlgorithm]) -> AlgorithmConfig:
+    """``algorithm.Config`` of ``ns``; a rejected value raises ConfigError naming its flag."""
+    fields = attrs.fields_dict(algorithm.Config)
+    values = {name: getattr(ns, name) for name in fields if hasattr(ns, name)}
     try:
-        return AlgorithmConfig(**values)
+        return algorithm.Config(**values)
     except (TypeError, ValueError) as exc:
         message = str(exc)
         # name the flag of the field the message is about (messages start with, or mention, the field)
-        mentioned = [f for f in ALGORITHM_FIELDS if re.search(rf"\b{f}\b", message)]
-        flag = flag_name(ALGORITHM_FIELDS[max(mentioned, key=len)]) if mentioned else "configuration"
+        mentioned = [f for f in fields if re.search(rf"\b{f}\b", message)]
+        flag = flag_name(fields[max(mentioned, key=len)]) if mentioned else "configuration"
         raise ConfigError([f"argument {flag}: {message}"]) from None
+
+
+def foreign_flag_warnings(ns: argparse.Namespace, algorithm: type[RLAlgorithm]) -> list[str]:
+    """A flag of another method's ``Config`` (the parser accepts them all) set away from its default:
+    the chosen method never reads it, so say so (as validation does for its own unread fields)."""
+    own = attrs.fields_dict(algorithm.Config)
+    who = describe(algorithm, ns.advantage_estimator)
+    warnings = []
+    for field in method_fields(algorithm):
+        if field.name not in own and getattr(ns, field.name, None) != flag_default(field):
+            warnings.append(
+                f"{who} does not read {flag_name(field)} (set to {getattr(ns, field.name)!r}); it has no effect. "
+                "`relax algorithms NAME` lists the flags a method reads."
+            )
+    return warnings
 
 
 def _check_paths(ns: argparse.Namespace, errors: list[str]) -> None:
@@ -109,7 +120,7 @@ def build_run_config(ns: argparse.Namespace) -> tuple[RunConfig, type[RLAlgorith
 
     run_values = {name: getattr(ns, name) for name in RUN_FIELDS if hasattr(ns, name)}
     run_values["run_name"] = ns.run_name or default_run_name(ns.advantage_estimator)
-    config = RunConfig(algorithm=_algorithm_config(ns), **run_values)
+    config = RunConfig(algorithm=_algorithm_config(ns, algorithm), **run_values)
     if not config.output_dir:  # record where the run writes, in the config and its config.yaml
         config = attrs.evolve(config, output_dir=str(output_dir_of(config)))
     return config, algorithm

@@ -23,8 +23,8 @@ from pathlib import Path
 import yaml
 
 from relax.cli.algorithms_cmd import add_algorithms_arguments, run_algorithms
-from relax.cli.arguments import HelpFormatter, add_train_arguments
-from relax.cli.build import build_run_config
+from relax.cli.arguments import HelpFormatter, add_train_arguments, method_of_command_line
+from relax.cli.build import build_run_config, foreign_flag_warnings
 from relax.cli.config_file import (
     EFFECTIVE_CONFIG_NAME,
     ConfigFileError,
@@ -50,7 +50,8 @@ examples:
 """
 
 
-def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+def build_parser(algorithm=None) -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The ``relax`` parser; ``relax train``'s flags are those of ``algorithm`` (its ``Config``)."""
     # allow_abbrev=False everywhere: `--num-roll 7` must not silently become --num-rollout 7
     parser = argparse.ArgumentParser(
         prog="relax",
@@ -67,7 +68,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
         # the full usage line lists ~60 flags and would bury an error message; --help shows them all
         usage="relax train [options]   (relax train --help lists every flag)",
     )
-    add_train_arguments(train)
+    add_train_arguments(train, algorithm)
     train.add_argument(
         "--dry-run",
         dest="dry_run",
@@ -145,7 +146,7 @@ def prepare_train_config(argv: list[str], parser, train_parser) -> tuple[RunConf
         args = parse_command_line(argv, parser, subparsers)
     try:
         config, algorithm = build_run_config(args)
-        for warning in validate(config, algorithm):
+        for warning in foreign_flag_warnings(args, algorithm) + validate(config, algorithm):
             print(f"{train_parser.prog}: warning: {warning}", file=sys.stderr)
         config = resolve_batch_shape(config, algorithm)
     except ConfigError as exc:
@@ -241,8 +242,11 @@ def _make_cwd_importable() -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     _make_cwd_importable()
-    parser, subparsers = build_parser()
     if argv[:1] == ["train"]:
+        try:  # the method's own flags join the parser: find the method first
+            parser, subparsers = build_parser(method_of_command_line(argv[1:]))
+        except ValueError as exc:
+            build_parser()[1]["train"].error(str(exc))
         train_parser = subparsers["train"]
         config, args = prepare_train_config(argv, parser, train_parser)
         run_preflight(config, train_parser)
@@ -269,14 +273,18 @@ def main(argv: list[str] | None = None) -> int:
                 return 130
             except Exception as exc:
                 message = _run_error_message(exc)
-                if message is None:
-                    raise
-                print(f"relax train: error: {message}", file=sys.stderr)
+                details = getattr(exc, "relax_details", None)  # the user's frames (relax.runtime.user_errors)
+                if message is None and not details:
+                    raise  # not the user's code and not a failure relax describes: show the traceback
+                for line in details or ():
+                    print(line, file=sys.stderr)
+                print(f"relax train: error: {message or f'{type(exc).__name__}: {exc}'}", file=sys.stderr)
                 return 1
             finally:
                 for signum, handler in previous.items():
                     signal.signal(signum, handler)
         return 0
+    parser, subparsers = build_parser()
     args = parse_command_line(argv, parser, subparsers)
     if args.command == "plot":
         return run_plot(args, subparsers["plot"])

@@ -21,7 +21,7 @@ def recipe_config(
 ) -> AlgorithmConfig:
     """The ``AlgorithmConfig`` of the embedded-default recipe (PPO clip 0.2 / 0.28, token-mean loss).
 
-    ``overrides`` are passed to ``AlgorithmConfig`` (e.g. ``gdpo_preset="nvlabs-trl"``).
+    ``overrides`` are passed to ``AlgorithmConfig`` (e.g. ``eps_clip=0.1``; a method's own fields are on its ``Config``).
     """
     fields = {"eps_clip": 0.2, "eps_clip_high": 0.28, "loss_aggregation": "token_mean"}
     fields.update(overrides)

@@ -37,6 +37,7 @@ from relax.runtime.run_errors import nothing_trained, skipped_step_warning
 from relax.runtime.trackers import Trackers
 from relax.runtime.validation import validate
 
+from relax.runtime.user_errors import report as report_failure
 
 @attrs.frozen
 class RunSummary:
@@ -168,6 +169,7 @@ def run(config) -> RunSummary:
         log(f"relax: start-up {t_ready - t_start:.1f}s (" + ", ".join(
             f"{k} {v:.1f}" for k, v in runtime.startup_times.items()) + ")")
         from tqdm import tqdm
+    step = None  # the step being collected: a failure names it
 
         bar = tqdm(
             range(start_step, config.num_rollout), desc="train", unit="step", disable=not config.progress,
@@ -237,3 +239,6 @@ def run(config) -> RunSummary:
         if bar is not None:
             bar.close()
         runtime.stop()
+    except Exception as exc:
+        report_failure(exc, out, step)  # <out>/error.log; the user's frames for `relax train`'s error line
+        raise

@@ -19,11 +19,10 @@ import attrs
 import torch
 
 from relax.algorithms.base import RLAlgorithm
-from relax.algorithms.config import AlgorithmConfig
-from relax.algorithms.flags import flag_name
 from relax.backends.registry import config_errors as backend_config_errors
-from relax.runtime.batch_shape import batch_shape, check_batch
+from relax.config.fields import flag_name
 from relax.config.run import RunConfig
+from relax.runtime.batch_shape import batch_shape, check_batch
 from relax.runtime.eval_rules import check_evaluation
 from relax.runtime.no_op_rules import check_no_op
 
@@ -285,15 +284,23 @@ def _check_async(config, algorithm, who, errors, warnings):
 _FRAMEWORK_FIELDS = frozenset({"n_samples_per_prompt", "reward_keys", "reward_weights", "rewards_normalization"})
 
 
+def _check_method_config(config, algorithm, who, errors, warnings):
+    """``config.algorithm`` is the method's ``Config`` (or a parent's, whose values it keeps)."""
+    try:
+        algorithm.config_of(config.algorithm)
+    except TypeError as exc:
+        errors.append(f"{who}: {exc}; build the hyper-parameters with {algorithm.__name__}.Config(...)")
+
+
 def _check_unused_hyperparameters(config, algorithm, who, errors, warnings):
     """A hyper-parameter set away from its default that the method never reads would silently do
     nothing (e.g. a preset of one method given to another): say so. Classes that declare no
     ``hyperparameters`` are not checked (we cannot know what they read)."""
     if not algorithm.hyperparameters:
         return
-    defaults = AlgorithmConfig()
+    defaults = type(config.algorithm)()
     read = set(algorithm.hyperparameters) | _FRAMEWORK_FIELDS
-    for field in attrs.fields(AlgorithmConfig):
+    for field in attrs.fields(type(config.algorithm)):
         if field.name in read or field.name == "eps_clip_high":  # eps_clip_high defaults to eps_clip
             continue
         if getattr(config.algorithm, field.name) != getattr(defaults, field.name):
@@ -329,6 +336,7 @@ RULES = (
     _check_rollout_engine,
     check_evaluation,  # --eval-* (relax.runtime.eval_rules)
     check_no_op,  # runs that would train nothing, flags that would do nothing (relax.runtime.no_op_rules)
+    _check_method_config,
     _check_unused_hyperparameters,
 )
 

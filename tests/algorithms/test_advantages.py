@@ -18,7 +18,8 @@ BROADCAST_FAMILY = ("grpo", "gspo", "sapo", "cispo", "rloo", "m2po")
 
 
 def make(name, **config):
-    return get_algorithm(name)(AlgorithmConfig(**config))
+    cls = get_algorithm(name)
+    return cls(cls.Config(**config))
 
 
 def _inputs(rewards, mask=MASK, **kw):

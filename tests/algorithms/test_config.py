@@ -1,9 +1,9 @@
-"""AlgorithmConfig: defaults, derived defaults and per-field validation."""
+"""AlgorithmConfig and the methods' own Configs: defaults, derived defaults and per-field validation."""
 
 import attrs
 import pytest
 
-from relax.algorithms import AlgorithmConfig
+from relax.algorithms import AlgorithmConfig, get_algorithm
 
 
 def test_documented_defaults():
@@ -20,8 +20,18 @@ def test_documented_defaults():
     assert c.normalize_advantages is False
     assert c.grpo_std_normalization is True
     assert c.loss_aggregation == "token_mean"
-    assert (c.sapo_tau_pos, c.sapo_tau_neg) == (1.0, 1.05)
-    assert (c.m2po_kl2_budget, c.m2po_miniclip_low, c.m2po_miniclip_high) == (0.01, 0.3, 0.5)
+    sapo, m2po = get_algorithm("sapo").Config(), get_algorithm("m2po").Config()
+    assert (sapo.sapo_tau_pos, sapo.sapo_tau_neg) == (1.0, 1.05)
+    assert (m2po.m2po_kl2_budget, m2po.m2po_miniclip_low, m2po.m2po_miniclip_high) == (0.01, 0.3, 0.5)
+
+
+def test_the_shared_config_holds_no_method_specific_field():
+    names = {f.name for f in attrs.fields(AlgorithmConfig)}
+    assert not {n for n in names if n.startswith(("gdpo_", "m2po_", "sapo_"))}
+    for method, prefix in (("sapo", "sapo_"), ("m2po", "m2po_"), ("gdpo", "gdpo_")):
+        own = {f.name for f in attrs.fields(get_algorithm(method).Config)} - names
+        assert own and all(n.startswith(prefix) for n in own), (method, own)
+        assert issubclass(get_algorithm(method).Config, AlgorithmConfig)
 
 
 def test_eps_clip_high_defaults_to_eps_clip():
@@ -86,16 +96,37 @@ def test_kl_properties():
         (dict(kl_loss_type="k4"), "kl_loss_type"),
         (dict(loss_aggregation="sum"), "loss_aggregation"),
         (dict(entropy_coef=float("nan")), "entropy_coef"),
-        (dict(sapo_tau_pos=0.0), "sapo_tau_pos"),
-        (dict(sapo_tau_neg=-1.0), "sapo_tau_neg"),
-        (dict(m2po_kl2_budget=-0.01), "m2po_kl2_budget"),
-        (dict(m2po_miniclip_low=1.5), "m2po_miniclip_low"),
-        (dict(m2po_miniclip_high=-0.5), "m2po_miniclip_high"),
     ],
 )
 def test_invalid_values_raise_value_error_naming_the_field(kwargs, match):
     with pytest.raises(ValueError, match=match):
         AlgorithmConfig(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "method, kwargs, match",
+    [
+        ("sapo", dict(sapo_tau_pos=0.0), "sapo_tau_pos must be > 0, got 0.0"),
+        ("sapo", dict(sapo_tau_neg=-1.0), "sapo_tau_neg must be > 0"),
+        ("m2po", dict(m2po_kl2_budget=-0.01), "m2po_kl2_budget must be >= 0"),
+        ("m2po", dict(m2po_miniclip_low=1.5), r"m2po_miniclip_low must be in \[0, 1\]"),
+        ("m2po", dict(m2po_miniclip_high=-0.5), "m2po_miniclip_high"),
+        ("gdpo", dict(gdpo_std_eps=0.0), "gdpo_std_eps must be > 0"),
+        ("gdpo", dict(gdpo_baseline="median"), "gdpo_baseline must be one of mean, leave_one_out"),
+        ("sapo", dict(eps_clip=0.0), "eps_clip"),  # the shared fields' rules hold in a method's Config
+    ],
+)
+def test_a_methods_own_fields_are_checked_by_their_rules(method, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        get_algorithm(method).Config(**kwargs)
+
+
+def test_a_method_takes_its_parents_config_and_refuses_a_foreign_one():
+    sapo, m2po = get_algorithm("sapo"), get_algorithm("m2po")
+    upgraded = sapo(AlgorithmConfig(eps_clip=0.1)).config  # a plain AlgorithmConfig keeps its values
+    assert type(upgraded) is sapo.Config and upgraded.eps_clip == 0.1 and upgraded.sapo_tau_neg == 1.05
+    with pytest.raises(TypeError, match="holds m2po_kl2_budget, m2po_miniclip_low, m2po_miniclip_high"):
+        sapo(m2po.Config())
 
 
 @pytest.mark.parametrize("value", [True, 2.0, "8"])

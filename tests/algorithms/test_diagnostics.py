@@ -336,7 +336,8 @@ def test_same_numbers_as_the_former_implementation(kind, seed, std_eps):
 def _algorithm(name, **cfg):
     from relax.algorithms import AlgorithmConfig, get_algorithm
 
-    return get_algorithm(name)(AlgorithmConfig(reward_keys=("a", "b"), reward_weights=(1.0, 2.0), **cfg))
+    cls = get_algorithm(name)
+    return cls(cls.Config(reward_keys=("a", "b"), reward_weights=(1.0, 2.0), **cfg))
 
 
 def test_grpo_logs_the_method_independent_diagnostics_only():

@@ -29,7 +29,7 @@ EPS = 1e-4
 
 
 def gdpo(**config) -> GDPO:
-    return get_algorithm("gdpo")(AlgorithmConfig(**config))
+    return GDPO(GDPO.Config(**config))
 
 
 def advantages_of(algo, per_sample, mask, segment_sizes=None):
@@ -217,10 +217,10 @@ def test_verl_preset_group_of_one_uses_mean_0_std_1():
 
 def test_presets_resolve_to_their_axes_and_defaults_are_the_recommended_ones():
     recommended = GDPOVariant("mean", 1e-4, "sample", "minibatch", "zero", None)
-    assert GDPOVariant.from_config(AlgorithmConfig()) == recommended
-    trl = GDPOVariant.from_config(AlgorithmConfig(reward_keys=("a", "b"), gdpo_preset="nvlabs-trl"))
+    assert GDPOVariant.from_config(GDPO.Config()) == recommended
+    trl = GDPOVariant.from_config(GDPO.Config(reward_keys=("a", "b"), gdpo_preset="nvlabs-trl"))
     assert trl == GDPOVariant("mean", 1e-4, "sample", "rollout", "formula", "nvlabs-trl")
-    verl = GDPOVariant.from_config(AlgorithmConfig(reward_keys=("a", "b"), gdpo_preset="nvlabs-verl"))
+    verl = GDPOVariant.from_config(GDPO.Config(reward_keys=("a", "b"), gdpo_preset="nvlabs-verl"))
     assert verl == GDPOVariant("mean", 1e-6, "token", "rollout", "formula", "nvlabs-verl")
 
 
@@ -230,16 +230,16 @@ def test_preset_with_an_explicit_axis_is_an_error_naming_both_flags(axis, value)
     # Even a value equal to the preset's (mean) is rejected: the user asked for two sources of truth.
     with pytest.raises(ValueError, match=rf"{axis}=.*conflicts with gdpo_preset='nvlabs-trl'.*"
                                          rf"--{axis.replace('_', '-')} or --gdpo-preset"):
-        AlgorithmConfig(reward_keys=("a", "b"), gdpo_preset="nvlabs-trl", **{axis: value})
+        GDPO.Config(reward_keys=("a", "b"), gdpo_preset="nvlabs-trl", **{axis: value})
 
 
 def test_preset_reward_layout_requirements():
     with pytest.raises(ValueError, match="sums exactly two rewards without weights"):
-        AlgorithmConfig(reward_keys=("a", "b", "c"), gdpo_preset="nvlabs-verl")
+        GDPO.Config(reward_keys=("a", "b", "c"), gdpo_preset="nvlabs-verl")
     with pytest.raises(ValueError, match="sums exactly two rewards without weights"):
-        AlgorithmConfig(reward_keys=("a", "b"), reward_weights=(1.0, 2.0), gdpo_preset="nvlabs-verl")
+        GDPO.Config(reward_keys=("a", "b"), reward_weights=(1.0, 2.0), gdpo_preset="nvlabs-verl")
     with pytest.raises(ValueError, match="more than one reward"):
-        AlgorithmConfig(reward_keys=("a",), gdpo_preset="nvlabs-trl")
+        GDPO.Config(reward_keys=("a",), gdpo_preset="nvlabs-trl")
     algo = gdpo(reward_keys=("a", "b"), gdpo_preset="nvlabs-trl")
     with pytest.raises(ValueError, match="group sizes here range from 2 to 3"):
         algo.normalize_rewards(torch.rand(5, 2), torch.tensor([1, 1, 1, 2, 2]))
@@ -264,10 +264,10 @@ def test_cli_flags_choices_and_conflict_message():
         ["--reward-keys", "a", "b", "--gdpo-preset", "nvlabs-verl", "--gdpo-std-eps", "1e-4"]
     )
     with pytest.raises(ConfigError, match=r"argument --gdpo-std-eps: .*--gdpo-std-eps or --gdpo-preset"):
-        _algorithm_config(ns, parser)
+        _algorithm_config(ns, GDPO)
     ns = parser.parse_args(["--reward-keys", "a", "b", "--gdpo-baseline", "leave_one_out",
                             "--gdpo-whiten-unit", "token", "--gdpo-std-eps", "0.01"])
-    config = _algorithm_config(ns, parser)
+    config = _algorithm_config(ns, GDPO)
     got = (config.gdpo_baseline, config.gdpo_whiten_unit, config.gdpo_std_eps)
     assert got == ("leave_one_out", "token", 0.01)
     with pytest.raises(SystemExit):

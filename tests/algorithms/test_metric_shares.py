@@ -48,7 +48,8 @@ def _inputs(rows: slice, *, global_counts: bool) -> PolicyLossInputs:
 def _make(name: str, **config):
     if name == "gdpo":
         config.setdefault("reward_keys", ("a", "b"))
-    return get_algorithm(name)(AlgorithmConfig(**config))
+    cls = get_algorithm(name)
+    return cls(cls.Config(**config))
 
 
 def _metrics(algorithm, rows: slice, *, global_counts: bool) -> dict[str, float]:

@@ -31,7 +31,8 @@ def make(name, **config):
         config.setdefault("reward_keys", ("a", "b"))
     if name.startswith("reinforce"):
         config.setdefault("normalize_advantages", True)
-    return get_algorithm(name)(AlgorithmConfig(**config))
+    cls = get_algorithm(name)
+    return cls(cls.Config(**config))
 
 
 def batch(log_probs=LOG_PROBS, delta=DELTA, adv=ADV, mask=MASK, requires_grad=False, **kw):

@@ -29,7 +29,8 @@ def grouped_batches(draw, k=1, min_group=2):
 
 def _make(name, size, k=1, **cfg):
     keys = tuple(f"r{i}" for i in range(k))
-    return get_algorithm(name)(AlgorithmConfig(reward_keys=keys, n_samples_per_prompt=size, **cfg))
+    cls = get_algorithm(name)
+    return cls(cls.Config(reward_keys=keys, n_samples_per_prompt=size, **cfg))
 
 
 def _group_means(out, group_ids):

@@ -26,7 +26,8 @@ GRPO_FAMILY = ("grpo", "gspo", "sapo", "cispo")
 
 def make(name, **config):
     config.setdefault("n_samples_per_prompt", 3)
-    return get_algorithm(name)(AlgorithmConfig(**config))
+    cls = get_algorithm(name)
+    return cls(cls.Config(**config))
 
 
 def _grpo_expected():

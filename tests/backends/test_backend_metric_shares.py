@@ -45,7 +45,8 @@ def _step_metrics(name: str, micro_batch_size: int | None) -> dict[str, float]:
     config = {"eps_clip_c": 1.5} if name != "cispo" else {}
     if name == "m2po":
         config["m2po_kl2_budget"] = 10.0  # inactive trust region: the clip range is the same per micro-batch
-    algorithm = get_algorithm(name)(AlgorithmConfig(entropy_coef=0.01, **config))
+    cls = get_algorithm(name)
+    algorithm = cls(cls.Config(entropy_coef=0.01, **config))
     backend = TorchBackend(_model(), lr=0.0)
     old = backend.compute_log_probs(batch).log_probs
     g = torch.Generator().manual_seed(2)

@@ -83,14 +83,15 @@ USER_SOURCE = textwrap.dedent(
         supports_async = False
 
 
-    # A user copy of every built-in class: same capabilities (and declared hyper-parameters),
-    # defined outside relax.
+    # A user copy of every built-in class: same capabilities (and declared hyper-parameters, with the
+    # Config that holds them), defined outside relax.
     COPIES = {}
     for _builtin in BUILTIN_ALGORITHMS:
         COPIES[_builtin.name] = type(
             "Copy" + _builtin.__name__,
             (_Base,),
-            dict(_builtin.capabilities(), hyperparameters=_builtin.hyperparameters, __module__=__name__),
+            dict(_builtin.capabilities(), hyperparameters=_builtin.hyperparameters, Config=_builtin.Config,
+                 __module__=__name__),
         )
         globals()["Copy" + _builtin.__name__] = COPIES[_builtin.name]
 

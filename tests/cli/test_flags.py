@@ -10,8 +10,9 @@ import attrs
 import pytest
 import yaml
 
-from relax.algorithms.config import AlgorithmConfig
-from relax.algorithms.flags import flag, flag_name, flag_of, option_strings
+from relax.algorithms import BUILTIN_ALGORITHMS
+from relax.config.algorithm import AlgorithmConfig
+from relax.config.fields import flag, flag_name, flag_of, option_strings
 from relax.cli.arguments import _registered_options, add_train_arguments, build_train_parser, config_fields
 from relax.config.run import RunConfig, default_run_name, output_dir_of
 
@@ -25,7 +26,9 @@ def _field_actions():
 
 def test_every_field_has_exactly_one_flag_and_every_flag_sets_a_field():
     fields = {f.name for f in config_fields()}
-    declared = set(attrs.fields_dict(AlgorithmConfig)) | set(attrs.fields_dict(RunConfig)) - {"algorithm"}
+    methods = set().union(*(attrs.fields_dict(cls.Config) for cls in BUILTIN_ALGORITHMS))
+    declared = methods | set(attrs.fields_dict(RunConfig)) - {"algorithm"}
+    assert set(attrs.fields_dict(AlgorithmConfig)) < methods  # every method's Config holds the shared fields
     assert fields == declared
     dests = [a.dest for a in _field_actions()]
     assert sorted(dests) == sorted(fields)
@@ -35,12 +38,13 @@ def test_the_parser_is_what_the_fields_declare():
     actions = {a.dest: a for a in _field_actions()}
     for field in config_fields():
         spec, action = flag_of(field), actions[field.name]
-        assert spec.help and action.help == spec.help, field.name
+        registered = _registered_options().get(field.name, {})  # names registered above config
+        assert spec.help and action.help == registered.get("help", spec.help), field.name
         assert tuple(action.option_strings) == option_strings(field)
         assert action.option_strings[0] == flag_name(field)
         if not isinstance(field.default, bool):
             expected = {"type": spec.type, "choices": spec.choices, "nargs": spec.nargs}
-            expected.update(_registered_options().get(field.name, {}))  # names registered above config
+            expected.update({k: v for k, v in registered.items() if k in expected})
             assert (action.type, action.choices, action.nargs) == tuple(expected.values()), field.name
 
 
@@ -101,8 +105,13 @@ def test_a_field_without_a_flag_or_in_an_unknown_group_is_reported(monkeypatch):
 
     with pytest.raises(TypeError, match="'y' declares no flag"):
         flag_name(attrs.fields(Stray).y)
-    monkeypatch.setattr("relax.cli.arguments.config_fields", lambda: iter(attrs.fields(Stray)))
+    # a run field must name one of the documented groups; a method's own field may bring its own
+    monkeypatch.setattr("relax.cli.arguments.config_fields", lambda algorithm=None: iter(attrs.fields(Stray)))
+    monkeypatch.setattr("relax.cli.arguments.RUN_FIELD_NAMES", {"x"})
     with pytest.raises(ValueError, match="names group 'no such group'"):
+        add_train_arguments(argparse.ArgumentParser())
+    monkeypatch.setattr("relax.cli.arguments.RUN_FIELD_NAMES", set())
+    with pytest.raises(TypeError, match="'y' declares no flag"):  # x got its own group; y has no flag
         add_train_arguments(argparse.ArgumentParser())
 
 

@@ -11,7 +11,7 @@ import attrs
 import pytest
 
 from relax.algorithms import algorithm_names
-from relax.algorithms.config import AlgorithmConfig
+from relax.config.algorithm import AlgorithmConfig
 from relax.cli.main import build_parser
 from relax.config.run import RunConfig
 
@@ -47,8 +47,6 @@ def test_upstream_flag_names_and_defaults(cli):
         "kl_loss_type": "k1",
         "gamma": 1.0,
         "lam": 1.0,
-        "sapo_tau_pos": 1.0,
-        "sapo_tau_neg": 1.05,
         "n_samples_per_prompt": 8,
         "rollout_batch_size": 32,
         "eps_clip_high": 0.2,
@@ -56,6 +54,10 @@ def test_upstream_flag_names_and_defaults(cli):
         "normalize_advantages": False,
     }
     assert {k: config[k] for k in expected} == expected
+    # SAPO's own hyper-parameters are in its configuration (fields of SAPO.Config), not in GRPO's
+    assert "sapo_tau_pos" not in config
+    sapo = yaml.safe_load(cli("train", "--dry-run", "--advantage-estimator", "sapo")[1])
+    assert (sapo["sapo_tau_pos"], sapo["sapo_tau_neg"]) == (1.0, 1.05)
 
 
 SCRIPT = textwrap.dedent(

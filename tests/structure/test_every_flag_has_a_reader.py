@@ -6,13 +6,12 @@ An AST scan of ``relax/``. What counts as a read:
 - a config field: ``<x>.<field>`` loaded, where ``<x>`` is a configuration object by name
   (``config``, ``cfg``, ``c``, ``a``, ``run_config``, or an attribute chain ending in ``.config`` /
   ``.algorithm``; ``self`` only inside ``relax/config/run.py``, whose derived properties such as
-  ``staleness_bound`` are read in turn), ``getattr(<x>, "<field>")`` with a literal name, or
-  ``<x>.gdpo_axis(<name>)`` with a literal name or in a comprehension over a module-level tuple of
-  literal names (GDPO's axes go through their preset);
+  ``staleness_bound`` are read in turn), or ``getattr(<x>, "<field>")`` with a literal name. The
+  fields are ``RunConfig``'s and those of every built-in method's ``Config``;
 - a capability: ``<anything>.<capability>`` loaded (the names are distinctive).
 
 What does not count: ``relax/cli`` (parsing, building, messages), the declarations
-(``relax/config/``, ``relax/algorithms/config.py``, ``capabilities.py``), and, for configuration fields,
+(``relax/config/``, ``relax/algorithms/capabilities.py``), and, for configuration fields,
 ``relax/runtime/validation.py``: a rule that checks a flag is not an effect of the flag. For
 capabilities the rules *are* the effect (``requires_rewards_normalization`` refuses a switch), and
 ``relax.runtime.train.run`` applies them on every entry point, which the last test checks.
@@ -26,16 +25,18 @@ from pathlib import Path
 import attrs
 
 from relax.algorithms.capabilities import CAPABILITIES
-from relax.algorithms.config import AlgorithmConfig
+from relax.algorithms import BUILTIN_ALGORITHMS
 from relax.config.run import RunConfig
 
 ROOT = Path(__file__).resolve().parents[2] / "relax"
-DECLARATIONS = {"config/fields.py", "config/algorithm.py", "config/__init__.py", "algorithms/config.py",
-                "algorithms/flags.py", "algorithms/capabilities.py"}
+DECLARATIONS = {"config/fields.py", "config/algorithm.py", "config/__init__.py", "algorithms/capabilities.py"}
 VALIDATION = "runtime/validation.py"
 CONFIG_NAMES = {"config", "cfg", "c", "a", "run_config", "algorithm"}
 
-FIELDS = {f.name for f in attrs.fields(AlgorithmConfig)} | {f.name for f in attrs.fields(RunConfig)}
+# RunConfig's fields and every built-in method's Config fields (the shared AlgorithmConfig's included)
+_CONFIGS = {cls.Config for cls in BUILTIN_ALGORITHMS} | {p.Config for cls in BUILTIN_ALGORITHMS
+                                                          for p in getattr(cls, "PRESETS", {}).values()}
+FIELDS = {f.name for config in _CONFIGS for f in attrs.fields(config)} | {f.name for f in attrs.fields(RunConfig)}
 FIELDS -= {"algorithm"}  # RunConfig.algorithm is the AlgorithmConfig itself, not a flag
 
 # Explicit exceptions, each with its reason. Keep this empty unless a field truly has no reader by
@@ -51,32 +52,6 @@ def _is_config(node: ast.expr, rel: str) -> bool:
     return False
 
 
-def _string_tuples(tree: ast.Module) -> dict[str, list[str]]:
-    """Module-level ``NAME = ("a", "b", ...)``."""
-    out = {}
-    for node in tree.body:
-        if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
-                and isinstance(node.value, ast.Tuple)
-                and all(isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.value.elts)):
-            out[node.targets[0].id] = [e.value for e in node.value.elts]
-    return out
-
-
-def _axis_loops(tree: ast.Module) -> dict[int, list[str]]:
-    """``id(call)`` -> names, for ``gdpo_axis(x)`` inside ``[... for x in TUPLE]``."""
-    tuples, out = _string_tuples(tree), {}
-    for comp in ast.walk(tree):
-        if not isinstance(comp, (ast.ListComp, ast.GeneratorExp, ast.SetComp, ast.DictComp)):
-            continue
-        loops = {g.target.id: tuples[g.iter.id] for g in comp.generators
-                 if isinstance(g.target, ast.Name) and isinstance(g.iter, ast.Name) and g.iter.id in tuples}
-        for call in ast.walk(comp):
-            if (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr == "gdpo_axis"
-                    and call.args and isinstance(call.args[0], ast.Name) and call.args[0].id in loops):
-                out[id(call)] = loops[call.args[0].id]
-    return out
-
-
 def readers(root: Path = ROOT, skip: frozenset = frozenset()) -> tuple[dict[str, set], dict[str, set]]:
     """-> ``({field: {files}}, {capability: {files}})`` of the reads outside the CLI and declarations."""
     fields: dict[str, set] = {}
@@ -86,7 +61,6 @@ def readers(root: Path = ROOT, skip: frozenset = frozenset()) -> tuple[dict[str,
         if rel.startswith("cli/") or rel in DECLARATIONS or rel in skip:
             continue
         tree = ast.parse(path.read_text(), str(path))
-        axis_loops = _axis_loops(tree)
         for node in ast.walk(tree):
             if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
                 if node.attr in CAPABILITIES:
@@ -98,8 +72,6 @@ def readers(root: Path = ROOT, skip: frozenset = frozenset()) -> tuple[dict[str,
                 literal = [a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
                 if isinstance(func, ast.Name) and func.id == "getattr" and len(node.args) >= 2:
                     names = literal[:1] if _is_config(node.args[0], rel) else []
-                elif isinstance(func, ast.Attribute) and func.attr == "gdpo_axis":
-                    names = literal[:1] or axis_loops.get(id(node), [])
                 else:
                     names = []
                 for name in names:

@@ -9,7 +9,7 @@ episode::
     <bos>34+58=  <calc>34+58</calc><eos>  <r>92</r>  <a>92</a><eos>
     prompt       model (turn 1)           env        model (turn 2)
 
-Reward component ``correct``: 1 if the answer's first digit run is the sum exactly, else 0. 200 of
+Reward component ``correct``: 1 if the answer's first digit run is the sum exactly, else 0. 90 of
 the 8100 problems are held out for evaluation (``held_out_problems``); the training stream never
 draws them. Vocabulary and model: ``relax.models.tiny.calculator``.
 """
@@ -27,7 +27,8 @@ from relax.rollout.tools import Tool, ToolEnvironment
 MAX_NEW_TOKENS = 8
 REWARD_KEYS: tuple[str, ...] = ("correct",)
 LOW, HIGH = 10, 99
-HELD_OUT = frozenset((a, b) for a, b in ((LOW + (7 * i) % 90, LOW + (13 * i + 5) % 90) for i in range(200)))
+# 90 problems, each first and each second operand exactly once (7 and 13 are prime to 90)
+HELD_OUT = frozenset((LOW + (7 * i) % 90, LOW + (13 * i + 5) % 90) for i in range(90))
 
 
 def prompt_text(a: int, b: int) -> str:

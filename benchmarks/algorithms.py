@@ -17,7 +17,8 @@ References:
 All three compute the same float64 two-pass statistics; the script checks that their outputs agree
 before timing. Printed: milliseconds per call and the ratios (a)/ours (higher = ours faster) and
 ours/(b) (lower = ours closer to the contiguous-only reshape). Target: (a)/ours >= 50 at N = 10^5
-and ours/(b) <= 2. Run: ``python benchmarks/algorithms.py [--max-n 1000000] [--loop-budget-s 60]``.
+and ours/(b) <= 2. Run: ``python benchmarks/algorithms.py [--max-n 1000000] [--loop-budget-s 60]``
+(``--smoke``: N = 10^3 only, for the test suite).
 """
 
 from __future__ import annotations
@@ -109,12 +110,15 @@ def best_ms(fn, *args, repeats: int) -> float:
     return best * 1e3
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--max-n", type=int, default=10**6)
     parser.add_argument("--loop-budget-s", type=float, default=60.0,
                         help="skip the Python-loop reference when its single run is predicted to exceed this")
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true", help="N = 10^3 only: checks that the script runs")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.max_n = 10**3
     torch.set_num_threads(1)
     torch.manual_seed(0)
     cfg = AlgorithmConfig(reward_keys=KEYS, reward_weights=WEIGHTS)

@@ -14,6 +14,7 @@ mean of ``correct`` first reaches 0.5, and that mean at the shortest run's total
 Start-up is excluded from the wall-clock curves (it is reported separately).
 
     python benchmarks/async.py [--algorithm gdpo] [--steps 150]
+    python benchmarks/async.py --smoke      # 3 steps of each, for the test suite (no numbers to read)
 """
 
 from __future__ import annotations
@@ -87,8 +88,14 @@ def runtime(algo: str, steps: int, out_dir: str, **mode) -> dict:
         output_dir=out_dir, progress=False, **mode,
     )
     summary = run(config)
-    rows = [json.loads(line) for line in Path(summary.metrics_path).read_text().splitlines()]
-    return _summary(rows, summary.startup_s)
+    return _summary(training_rows(summary.metrics_path), summary.startup_s)
+
+
+def training_rows(metrics_path) -> list[dict]:
+    """The training steps of a run's ``metrics.jsonl``: not the evaluation before training, which is
+    logged first as a step-0 row without step times."""
+    rows = [json.loads(line) for line in Path(metrics_path).read_text().splitlines() if line.strip()]
+    return [row for row in rows if "time/step_s" in row]
 
 
 def _at(curve, seconds: float) -> float:
@@ -100,7 +107,11 @@ def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--algorithm", default="gdpo")
     parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--smoke", action="store_true",
+                        help="3 steps per run: checks that the script runs, measures nothing")
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.steps = 3
     torch.set_num_threads(1)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     runs = {"bare_sync": bare(args.algorithm, args.steps)}

@@ -9,7 +9,7 @@ with ``segment_sizes`` -> one optimizer step per mini-batch with ``policy_loss``
     python benchmarks/bare_loop.py --advantage-estimator grpo --steps 600
     python benchmarks/bare_loop.py --advantage-estimator gdpo --task addition-brevity --reward-weights 1 1 1 1 10
 
-The loop itself is ``relax.runtime.local_loop.train_local``; this script adds the benchmark summary.
+The loop itself is ``relax.recipes.local_loop.train_local``; this script adds the benchmark summary.
 
 Prints steps/s, the first step where the trailing 20-step mean of ``correct`` reaches 0.9, the
 per-component means over the first and last 10 % of steps, and greedy accuracy on all 100 problems.
@@ -24,11 +24,11 @@ import torch
 
 from relax.algorithms import load_algorithm
 from relax.rollout.tasks import get_task
-from relax.runtime.local_loop import recipe_config, train_local
+from relax.recipes.local_loop import recipe_config, train_local
 
 
 def make_algorithm(spec: str, reward_keys, reward_weights=None, n_samples_per_prompt: int = 8):
-    """The recipe's algorithm (``relax.runtime.local_loop.recipe_config``) as an instance."""
+    """The recipe's algorithm (``relax.recipes.local_loop.recipe_config``) as an instance."""
     return load_algorithm(spec)(
         recipe_config(reward_keys, reward_weights, n_samples_per_prompt=n_samples_per_prompt)
     )
@@ -51,7 +51,7 @@ def run_bare_loop(
 ) -> dict:
     """Train the warm-up model for ``steps`` rollouts; return per-step metrics and a summary.
 
-    A thin wrapper of ``relax.runtime.local_loop.train_local`` without the multi-reward diagnostics
+    A thin wrapper of ``relax.recipes.local_loop.train_local`` without the multi-reward diagnostics
     (the Ray runtime does not compute them either, so ``benchmarks/pipeline.py`` compares like with
     like) and without touching the thread count (the caller sets it).
     """
@@ -107,7 +107,10 @@ def main(argv=None) -> dict:
         "--no-group-filter", action="store_true", help="train on every group, even constant ones"
     )
     parser.add_argument("--json", help="write history + summary here")
+    parser.add_argument("--smoke", action="store_true", help="3 steps: checks that the script runs")
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.steps = 3
     torch.set_num_threads(args.threads)
     task = get_task(args.task)
     algorithm = make_algorithm(args.advantage_estimator, task.reward_keys, args.reward_weights)

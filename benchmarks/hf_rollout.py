@@ -2,6 +2,7 @@
 
     python benchmarks/hf_rollout.py                      # random Qwen3-style model built on the fly
     python benchmarks/hf_rollout.py --checkpoint DIR     # any local HF checkpoint (GPU if available)
+    python benchmarks/hf_rollout.py --smoke              # a tiny model, one repeat: for the test suite
 
 Both sample at temperature 1 / top-p 1 from the same prompts and stop on EOS; throughput counts
 generated (unmasked) tokens per second, best of ``--repeats`` interleaved runs. ``model.generate`` is
@@ -160,6 +161,7 @@ def train_role_times(steps: int, *, hidden: int, layers: int, max_new_tokens: in
         ]
         subprocess.run(cmd, cwd=tmp, env=env, check=True, capture_output=True, text=True)
         rows = [json.loads(line) for line in (tmp / "out" / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if "time/step_s" in r]  # training steps (not an evaluation-only step-0 row)
     rows = rows[1:] or rows  # the first step pays one-time costs (allocations, lazy imports)
     keys = sorted({k for r in rows for k in r if k.startswith("time/")})
     return {k: round(sum(r.get(k, 0.0) for r in rows) / len(rows), 4) for k in keys}
@@ -185,7 +187,11 @@ def main(argv=None) -> dict:
     parser.add_argument(
         "--train-steps", type=int, default=0, help="also time a relax train run of this many steps"
     )
+    parser.add_argument("--smoke", action="store_true", help="a tiny model, one repeat: checks that it runs")
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.hidden, args.layers, args.vocab, args.repeats = 64, 1, 512, 1
+        args.batch, args.prompt_len, args.max_new_tokens = 2, 4, 4
     torch.set_num_threads(args.threads)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     with tempfile.TemporaryDirectory() as tmp:

@@ -8,6 +8,7 @@ machine the CPU time is the steadier of the two: time spent descheduled does not
 threads do). Target: <= 1.2x.
 
     python benchmarks/megatron_vs_torch.py [--samples 128] [--repeats 30]
+    python benchmarks/megatron_vs_torch.py --smoke   # 8 samples, 1 repeat: for the test suite
 """
 
 from __future__ import annotations
@@ -42,7 +43,10 @@ def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--samples", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--smoke", action="store_true", help="8 samples, 1 repeat: checks that it runs")
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.samples, args.repeats = 8, 1
     torch.set_num_threads(1)
 
     model = load_warmup_model()

@@ -17,6 +17,7 @@ time on CUDA; on CPU the process's CPU time (median), which other jobs on a shar
 inflate. Ratios are against float32 measured in the same run.
 
     python benchmarks/memory.py [--samples 4] [--prompt-len 64] [--response-len 192] [--repeats 3]
+    python benchmarks/memory.py --smoke     # a tiny model, one step each: for the test suite
 """
 
 from __future__ import annotations
@@ -146,7 +147,11 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     parser.add_argument("--worker", choices=list(CONFIGS), help=argparse.SUPPRESS)
     parser.add_argument("--checkpoint", help=argparse.SUPPRESS)
+    parser.add_argument("--smoke", action="store_true", help="a tiny model, one step each: checks that it runs")
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.hidden, args.layers, args.vocab, args.repeats = 64, 1, 512, 1
+        args.samples, args.prompt_len, args.response_len = 2, 8, 8
     if args.worker:
         print(json.dumps(worker(args)))
         return []

@@ -18,6 +18,7 @@ both sides). Reported:
   depends on response length: a decode step costs the same however many rows are still live).
 
     python benchmarks/pipeline.py [--algorithm gdpo] [--steps 100]
+    python benchmarks/pipeline.py --smoke   # 3 steps, for the test suite (no numbers to read)
 """
 
 from __future__ import annotations
@@ -83,11 +84,14 @@ def runtime(algo: str, steps: int, out_dir: str) -> dict:
     t0 = time.perf_counter()
     summary = run(config)
     wall = time.perf_counter() - t0
-    rows = [json.loads(line) for line in Path(summary.metrics_path).read_text().splitlines()]
+    rows = [json.loads(line) for line in Path(summary.metrics_path).read_text().splitlines() if line.strip()]
+    rows = [r for r in rows if "time/step_s" in r]  # training steps: not the step-0 evaluation row
     gen_tokens = sum(r["rollout/generated_tokens"] for r in rows[-20:])
     gen_time = sum(r["time/rollout/generate_s"] for r in rows[-20:])
     weights = torch.load(summary.checkpoint, weights_only=False)["actor"]["backend"]["model"]
-    breakdown = {k: _median_after_warmup(r[k] for r in rows) for k in rows[-1] if k.startswith("time/")}
+    # timings every step logs (the final step also carries the evaluation's time/eval_s)
+    timings = sorted(set.intersection(*(set(r) for r in rows)))
+    breakdown = {k: _median_after_warmup(r[k] for r in rows) for k in timings if k.startswith("time/")}
     return {
         "step_s": _median_after_warmup(r["time/step_s"] for r in rows),
         "startup_s": summary.startup_s,
@@ -123,7 +127,11 @@ def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--algorithm", default="gdpo")
     parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--smoke", action="store_true",
+                        help="3 steps: checks that the script runs, measures nothing")
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.steps = 3
     torch.set_num_threads(1)  # the runtime's workers use one thread each
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -132,7 +140,7 @@ def main(argv=None) -> dict:
         rt = runtime(args.algorithm, args.steps, tmp)
     bare2 = bare(args.algorithm, args.steps)
     bare_step = (bare1["step_s"] + bare2["step_s"]) / 2
-    sampling = bare_sampling_tokens_per_s(rt["final_weights"])
+    sampling = bare_sampling_tokens_per_s(rt["final_weights"], iterations=2 if args.smoke else 30)
     result = {
         "algorithm": args.algorithm,
         "steps": args.steps,

@@ -1,6 +1,7 @@
 """Rollout throughput of relax's transformers engine (``HFEngine``) against the vLLM engine, in one run.
 
     python benchmarks/rollout_engines.py --json        # needs the vllm extra (pip install -e '.[vllm]')
+    python benchmarks/rollout_engines.py --smoke       # a tiny model, one repeat: for the test suite
 
 Both engines load the same random ~20M-parameter Qwen2-shaped checkpoint (hidden 512, 4 layers,
 vocabulary 8192; built here with ``save_pretrained``, nothing downloaded), in float32, and sample
@@ -62,7 +63,7 @@ def measure(engine, prompts, params, repeats: int, seed: int) -> list[float]:
 
 
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     parser.add_argument("--json", action="store_true", help="print the result as JSON on the last line")
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--layers", type=int, default=4)
@@ -72,7 +73,11 @@ def main(argv=None) -> dict:
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--smoke", action="store_true", help="a tiny model, one repeat: checks that it runs")
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.hidden, args.layers, args.vocab, args.repeats = 64, 1, 512, 1
+        args.prompts, args.prompt_len, args.new_tokens = 4, 4, 4
 
     from relax.rollout.vllm.environment import prepare_process
 

@@ -1,0 +1,87 @@
+"""Every script in benchmarks/ runs: each once with ``--smoke`` (a few steps or a tiny model), so a
+change that breaks a benchmark fails the suite. Nothing here reads a timing: the numbers the
+benchmarks exist for are ratios measured by running them (docs), never asserted in tests."""
+
+from __future__ import annotations
+
+import math
+import runpy
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def smoke(name: str, monkeypatch):
+    """Load ``benchmarks/<name>.py`` as a module and run its ``main(["--smoke"])``."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))  # the scripts import each other (bare_loop)
+    module = runpy.run_path(str(BENCHMARKS / f"{name}.py"), run_name=f"benchmark_{name}")
+    return module["main"](["--smoke"])
+
+
+def test_every_benchmark_has_a_smoke_test():
+    tested = {"algorithms", "async", "bare_loop", "hf_rollout", "megatron_vs_torch", "memory", "pipeline",
+              "rollout_engines"}
+    assert {p.stem for p in BENCHMARKS.glob("*.py")} == tested
+
+
+def test_bare_loop(monkeypatch):
+    summary = smoke("bare_loop", monkeypatch)
+    assert summary["steps"] == 3 and 0.0 <= summary["greedy_accuracy_100"] <= 1.0
+
+
+def test_algorithms(monkeypatch, capsys):
+    smoke("algorithms", monkeypatch)
+    out = capsys.readouterr().out
+    for op in ("grpo_normalize", "gdpo_normalize", "gdpo_whiten"):
+        assert sum(line.startswith(op) for line in out.splitlines()) == 1, out  # N = 10^3 only
+
+
+def test_hf_rollout(monkeypatch):
+    pytest.importorskip("transformers")
+    result = smoke("hf_rollout", monkeypatch)
+    assert set(result["tokens_per_s"]) == {"hf_engine", "generate", "generate_with_scores"}
+    assert all(v > 0 for v in result["tokens_per_s"].values())
+
+
+@pytest.mark.timeout(300)
+def test_memory(monkeypatch):
+    pytest.importorskip("transformers")
+    pytest.importorskip("peft")  # the LoRA configuration
+    results = smoke("memory", monkeypatch)
+    assert [r["config"] for r in results] == ["fp32", "bf16", "recompute", "bf16+recompute", "lora"]
+    assert all(r["peak_mib"] > 0 and r["step_s"] > 0 for r in results)
+
+
+@pytest.mark.megatron
+def test_megatron_vs_torch(monkeypatch):
+    pytest.importorskip("megatron.core")
+    result = smoke("megatron_vs_torch", monkeypatch)
+    assert result["train_step_ratio"] > 0 and result["log_probs_ratio"] > 0
+
+
+@pytest.mark.vllm
+@pytest.mark.timeout(600)
+def test_rollout_engines(monkeypatch):
+    pytest.importorskip("vllm")
+    result = smoke("rollout_engines", monkeypatch)
+    assert result["hf_tokens_per_s"] > 0 and result["vllm_tokens_per_s"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_pipeline(ray_cluster, monkeypatch):
+    result = smoke("pipeline", monkeypatch)
+    assert result["steps"] == 3 and result["runtime_step_ms"] > 0
+    assert "time/step_s" in result["runtime_breakdown_median_ms"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_async(ray_cluster, monkeypatch):
+    result = smoke("async", monkeypatch)
+    assert set(result["runs"]) == {"bare_sync", "runtime_sync", "async_k1", "async_k1_2_rollout_workers"}
+    assert all(math.isfinite(r["step_ms"]) for r in result["runs"].values())
+    assert result["runs"]["async_k1"]["staleness_max"] <= 1

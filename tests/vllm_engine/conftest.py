@@ -8,15 +8,15 @@ over a minute).
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 
 import pytest
 
 from relax.rollout.vllm.environment import prepare_process
+from relax.rollout.vllm.factory import vllm_installed
 
-if importlib.util.find_spec("vllm") is None:
+if not vllm_installed():
     pytest.skip("vLLM is not installed (the vllm extra: pip install -e '.[vllm]' torch==2.13.0)",
                 allow_module_level=True)
 prepare_process()  # before transformers or vLLM is imported: in-process engine, media packages checked

@@ -19,7 +19,9 @@ INSTALL_HINT = (
 
 
 def vllm_installed() -> bool:
-    return importlib.util.find_spec("vllm") is not None
+    # A directory named vllm on sys.path (without __init__.py) is a namespace package: not vLLM.
+    spec = importlib.util.find_spec("vllm")
+    return spec is not None and spec.origin is not None
 
 
 def checkpoint_architectures(path: str) -> list[str]:

@@ -28,6 +28,7 @@ ENGINE_ENVIRONMENT = {
     "VLLM_CPU_OMP_THREADS_BIND": "nobind",  # rollout workers share the cores with the trainer
     "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of KV cache on CPU (vLLM's default reserves more)
     "HF_HUB_OFFLINE": "1",  # never download: --hf-checkpoint is a local directory
+    "VLLM_LOGGING_LEVEL": "WARNING",  # no INFO lines per engine start in a run's output
 }
 
 # Packages that vLLM's requirements pull in and a text model never needs.

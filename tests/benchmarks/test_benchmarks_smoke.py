@@ -23,7 +23,7 @@ def smoke(name: str, monkeypatch):
 
 def test_every_benchmark_has_a_smoke_test():
     tested = {"algorithms", "async", "bare_loop", "hf_rollout", "megatron_vs_torch", "memory", "pipeline",
-              "rollout_engines"}
+              "rollout_engines", "gpu_vllm"}
     assert {p.stem for p in BENCHMARKS.glob("*.py")} == tested
 
 
@@ -68,6 +68,15 @@ def test_rollout_engines(monkeypatch):
     pytest.importorskip("vllm")
     result = smoke("rollout_engines", monkeypatch)
     assert result["hf_tokens_per_s"] > 0 and result["vllm_tokens_per_s"] > 0
+
+
+@pytest.mark.vllm
+@pytest.mark.timeout(600)
+def test_gpu_vllm(monkeypatch):
+    """The GPU script's rollout measurement, on a tiny model on this machine's device."""
+    pytest.importorskip("vllm")
+    result = smoke("gpu_vllm", monkeypatch)
+    assert result["float32_hf_tokens_per_s"] > 0 and result["float32_vllm_tokens_per_s"] > 0
 
 
 @pytest.mark.slow

@@ -72,11 +72,12 @@ class Runtime:
         # a joined cluster's workers do not run in this directory: relative data paths made absolute
         cfg = with_absolute_paths(self.config) if self.config.ray_address else self.config
         algorithm_spec = cfg.advantage_estimator
-        t0 = time.perf_counter()
+        t0, wall0 = time.perf_counter(), time.time()
         # Set before Ray starts: a SIGTERM during start-up must still stop what was started.
         self.started_ray = not ray.is_initialized()
         start_ray(cfg)
-        self.startup_times["ray_init_s"] = time.perf_counter() - t0
+        # Phases as "ready at" seconds since the start of start-up (benchmarks/startup.py reads them).
+        self.startup_times["ray_s"] = time.perf_counter() - t0
         # SPREAD: on a cluster of several machines the workers go to different nodes (on one machine
         # it changes nothing).
         opts = {"num_cpus": WORKER_CPUS, "max_restarts": 0, "scheduling_strategy": "SPREAD"}
@@ -102,23 +103,30 @@ class Runtime:
         ]
         if R.CRITIC in self.layout:
             self.critic = ray.remote(CriticWorker).options(**opts).remote(cfg)
-        serve_thread = None
-        if not on_actor:
-            serve_thread = threading.Thread(target=self._deploy_advantages, daemon=True)
-            serve_thread.start()
-        self.data_plane = TransferQueueDataPlane().start()
-        watch_components(transferqueue_components())
-        quiet_transferqueue_client()
-        self.startup_times["transferqueue_s"] = time.perf_counter() - t0 - self.startup_times["ray_init_s"]
         workers = [*self.rollouts, *self.actors] + ([self.critic] if self.critic else [])
+        names = ([f"rollout{i}" for i in range(len(self.rollouts))] + [f"actor{r}" for r in range(w)]
+                 + (["critic"] if self.critic else []))
+        # queued behind each worker's __init__: its heartbeat, and when its __init__ ended
         beats = self.heartbeats.install(
             [(f"rollout worker {i}", x) for i, x in enumerate(self.rollouts)]
             + [(f"actor rank {r}", x) for r, x in enumerate(self.actors)]
             + ([("critic worker", self.critic)] if self.critic else [])
         )
+        serve_thread = None
+        if not on_actor:
+            serve_thread = threading.Thread(target=self._deploy_advantages, daemon=True)
+            serve_thread.start()
+        # on a cluster the run joined, TransferQueue is kept up for the next run (the warm path)
+        self.data_plane = TransferQueueDataPlane().start(keep=bool(cfg.ray_address))
+        watch_components(transferqueue_components())
+        quiet_transferqueue_client()
+        self.startup_times["transferqueue_s"] = time.perf_counter() - t0
         nodes = get([x.attach.remote() for x in workers], "start-up", timeout=STARTUP_TIMEOUT_S)
-        self.heartbeats.started(get(beats, "start-up", timeout=STARTUP_TIMEOUT_S))
+        started = get(beats, "start-up", timeout=STARTUP_TIMEOUT_S)
+        self.heartbeats.started([(pid, ip) for pid, ip, _ in started])
         watch_heartbeats(self.heartbeats)
+        for name, (_, _, init_done) in zip(names, started):
+            self.startup_times[f"{name}_init_s"] = init_done - wall0  # its process, imports and __init__
         self.startup_times["workers_ready_s"] = time.perf_counter() - t0
         log(f"relax: {len(workers)} worker(s) on {len(set(nodes))} node(s)")
         if w > 1:

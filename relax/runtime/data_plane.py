@@ -20,21 +20,26 @@ Workarounds for TransferQueue 0.1.11 (see docs/en/ray-and-transferqueue.md#trans
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Mapping, Sequence
 
 import torch
 
+from relax.runtime.ray_session import RUN_PREFIX_ENV
 from relax.runtime.sampler import GROUP_SIZE, GROUP_UID, SAMPLE_INDEX, PromptGroupSampler
 
 POLL_SLEEP_S = (0.0005, 0.001, 0.002, 0.005, 0.01)  # retry back-off of a polling read
 
 
 PARTITION_PREFIX = "step_"
+# RUN_PREFIX_ENV is set by the driver for its workers (the job's runtime_env) when it starts or joins
+# Ray: the runs that share a kept cluster's TransferQueue (``TransferQueueKeeper``) each see only their
+# own partitions.
 
 
 def partition_name(step: int) -> str:
-    return f"{PARTITION_PREFIX}{step}"
+    return f"{os.environ.get(RUN_PREFIX_ENV, '')}{PARTITION_PREFIX}{step}"
 
 
 def tq_config() -> dict:
@@ -141,9 +146,11 @@ class TransferQueueDataPlane:
         self._owner = False
 
     # -- life cycle --
-    def start(self) -> TransferQueueDataPlane:
+    def start(self, keep: bool = False) -> TransferQueueDataPlane:
         """Start TransferQueue in this Ray cluster, or join the one already running there (then
-        this process does not own it and ``close`` leaves it up, e.g. a test session's shared one)."""
+        this process does not own it and ``close`` leaves it up, e.g. a test session's shared one).
+        ``keep``: start it inside a detached ``TransferQueueKeeper`` (a cluster the run joined), so
+        that it stays up for the next run."""
         import ray
         import transfer_queue as tq
 
@@ -152,6 +159,14 @@ class TransferQueueDataPlane:
             exists = True
         except ValueError:
             exists = False
+        if not exists and keep:
+            from relax.runtime.transferqueue_keeper import KEEPER_NAME, KEEPER_NAMESPACE, TransferQueueKeeper
+
+            keeper = ray.remote(TransferQueueKeeper).options(
+                name=KEEPER_NAME, namespace=KEEPER_NAMESPACE, lifetime="detached", get_if_exists=True, num_cpus=0,
+            ).remote()
+            ray.get(keeper.ready.remote())
+            exists = True
         tq.init(None if exists else tq_config())
         self._client = tq.get_client()
         self._owner = not exists
@@ -273,5 +288,5 @@ class TransferQueueDataPlane:
     def clear_steps(self) -> None:
         """Drop every step partition (a run stopped with steps in flight or not dropped yet)."""
         for name in self.client.get_partition_list():
-            if name.startswith(PARTITION_PREFIX):
+            if name.startswith(partition_name(0)[: -1]):  # this run's prefix
                 self.client.clear_partition(name)

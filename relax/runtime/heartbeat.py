@@ -57,9 +57,11 @@ def where(thread_ident: int) -> str:
     return inner if entry == inner.split(" ", 1)[0] else f"{entry} -> {inner}"
 
 
-def start_beating(instance, key: str, interval: float = BEAT_INTERVAL_S) -> tuple[int, str]:
+def start_beating(instance, key: str, interval: float = BEAT_INTERVAL_S) -> tuple[int, str, float]:
     """Run inside a worker (through ``handle.__ray_call__``): start the beat thread for the thread
-    that runs the worker's calls (this one); returns ``(pid, node ip)``."""
+    that runs the worker's calls (this one); returns ``(pid, node ip, time.time())``, the last
+    telling when the worker's ``__init__`` ended."""
+    done = time.time()
     import ray
     from ray.experimental import internal_kv
 
@@ -77,7 +79,7 @@ def start_beating(instance, key: str, interval: float = BEAT_INTERVAL_S) -> tupl
             time.sleep(interval)
 
     threading.Thread(target=beat, name="relax-heartbeat", daemon=True).start()
-    return pid, ray.util.get_node_ip_address()
+    return pid, ray.util.get_node_ip_address(), done
 
 
 def process_state(pid: int | None, node_ip: str | None) -> str | None:

@@ -15,6 +15,7 @@ from relax.runtime.shipping import cluster_runtime_env
 from relax.runtime.waits import bounded
 
 WORKER_CPUS = 0.25  # logical: Ray's CPUs are scheduling tokens, not cores
+RUN_PREFIX_ENV = "RELAX_RUN_ID"  # this run's data-plane partitions (relax.runtime.data_plane)
 
 
 def _runtime_env(config) -> dict:
@@ -23,6 +24,8 @@ def _runtime_env(config) -> dict:
     by shipping the user's modules only (``relax.runtime.shipping``: never the whole directory, which
     may be huge and would shadow the installed relax). ``--ray-working-dir`` ships a directory."""
     env = {k: os.environ.get(k, v) for k, v in RAY_ENV_DEFAULTS.items()}
+    if RUN_PREFIX_ENV in os.environ:
+        env[RUN_PREFIX_ENV] = os.environ[RUN_PREFIX_ENV]
     if config.ray_address or config.ray_working_dir:
         return {"env_vars": env, **cluster_runtime_env(config)}
     paths = [os.getcwd()] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
@@ -60,6 +63,9 @@ def start_ray(config) -> bool:
 
     if ray.is_initialized():
         return False  # e.g. the test session's shared cluster: use it, leave it running
+    import uuid
+
+    os.environ[RUN_PREFIX_ENV] = f"run{uuid.uuid4().hex[:10]}_"  # for this process and, below, its workers
     # Worker logs reach the driver (errors must be visible); Ray's and Serve's INFO chatter does not.
     kwargs = {"include_dashboard": False, "log_to_driver": True, "logging_level": "WARNING",
               "runtime_env": _runtime_env(config)}

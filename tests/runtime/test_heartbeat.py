@@ -202,7 +202,9 @@ def test_a_stopped_actor_is_named_after_the_worker_timeout(ray_cluster, capsys):
 
     actor = Busy.remote()
     beats = heartbeat.Heartbeats(timeout=6)
-    beats.started(waits.get(beats.install([("rollout worker 3", actor)]), "start-up", timeout=60))
+    ((pid, ip, init_done),) = waits.get(beats.install([("rollout worker 3", actor)]), "start-up", timeout=60)
+    assert abs(init_done - time.time()) < 60
+    beats.started([(pid, ip)])
     (worker,) = beats.workers
     assert worker.pid and worker.pid != os.getpid()
     waits.watch_heartbeats(beats)

@@ -144,10 +144,13 @@ def plot_runs(run_dirs: Sequence[str | Path], output: str | Path) -> Path:
 
 def write_run_plot(run_dir: str | Path) -> Path | None:
     """``<run_dir>/rewards.png`` at the end of a run when matplotlib is installed and the run logged
-    a step; says where on stderr. Never raises: a plot must not fail a finished run."""
+    a step; says where on stderr, or why there is none. Never raises: a plot must not fail a finished run."""
     try:
         import matplotlib  # noqa: F401
     except ImportError:
+        if (Path(run_dir) / "metrics.jsonl").is_file():
+            print(f"relax: no reward-curve plot: matplotlib is not installed ({EXTRA_HINT}; then "
+                  f"`relax plot {run_dir}` draws it)", file=sys.stderr)
         return None
     try:
         if not (Path(run_dir) / "metrics.jsonl").is_file() or not read_rows(Path(run_dir)):

@@ -107,6 +107,10 @@ class RunConfig:
         "nucleus sampling threshold", group="sampling", check=Range(gt=0, le=1)))
     rollout_max_response_len: int = attrs.field(default=8, metadata=flag(
         "maximum generated tokens per sample", group="sampling", check=POSITIVE_INT))
+    overlong_filter: bool = attrs.field(default=False, metadata=flag(
+        "DAPO over-long filtering: a response cut at --rollout-max-response-len (no end-of-sequence token) "
+        "contributes nothing to the loss, and the loss's token and sequence counts exclude it; its reward "
+        "still enters its group's statistics", group="sampling"))
     rollout_engine: str | None = attrs.field(default=None, metadata=flag(
         "generation engine of the rollout workers: tiny (the built-in model), hf (relax's transformers loop) or "
         "vllm (vLLM inside each rollout worker; needs the vllm extra, docs/en/rollout-engines.md); default: hf "

@@ -4,6 +4,7 @@
   (``correct``, ``has_answer``);
 - ``relax.rewards.code:score`` — the completion's Python block run against ``metadata["tests"]`` in a
   sandbox (``passed``, ``runs``); the sandbox is ``relax.rewards.sandbox``;
+- ``relax.rewards.overlong`` — DAPO's soft over-long punishment (``soft_punishment``), in tokens;
 - ``relax.rewards.shaping`` — format and length terms, and ``combine`` / ``renamed`` to build one
   function out of several.
 

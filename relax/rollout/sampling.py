@@ -4,7 +4,9 @@ The rollout worker (training), the evaluation and the single-process recipes all
 ``sample_groups``, so a completion is generated, decoded and scored the same way wherever it is
 used. Rows are group-major: the ``n`` samples of prompt 0 first, then those of prompt 1, ...; each
 row's metadata carries ``sample_index`` (its position in its group), so a reward function can give
-identical completions of one group independent judge coins.
+identical completions of one group independent judge coins, and ``response_tokens`` /
+``max_response_tokens`` (the generated token count and ``--rollout-max-response-len``), for rewards
+that depend on the length in tokens.
 """
 
 from __future__ import annotations
@@ -78,7 +80,10 @@ def sample_groups(
     completions = engine.decode_responses(generation)
     texts = [prompts[g].text for g in rows]
     labels = [prompts[g].label for g in rows]
-    metadata = [{**prompts[g].metadata, "sample_index": j % n} for j, g in enumerate(rows)]
+    # the generated token count and the limit, for length-aware rewards (relax.rewards.overlong)
+    lengths = generation.batch.response_mask.sum(1).tolist()
+    metadata = [{**prompts[g].metadata, "sample_index": j % n, "response_tokens": int(lengths[j]),
+                 "max_response_tokens": params.max_new_tokens} for j, g in enumerate(rows)]
     rewards = score(reward_fn, texts, completions, labels, metadata, reward_keys, concurrency)
     t2 = time.perf_counter()
     return ScoredGroups(

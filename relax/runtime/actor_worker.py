@@ -196,7 +196,8 @@ class ActorCore:
         ]
 
     def _optimizer_step(self, shard, rows: slice, sub: TokenBatch | None, tokens: int, sequences: int) -> dict:
-        holds_rows = sub is not None and len(sub) > 0
+        # tokens 0: --overlong-filter left this mini-batch without a loss token; nothing to train on
+        holds_rows = sub is not None and len(sub) > 0 and tokens > 0
         if not holds_rows:
             sub, loss_fn = _empty_batch(), zero_loss
         else:

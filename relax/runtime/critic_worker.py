@@ -53,7 +53,7 @@ class CriticCore:
         parts = []
         for j, rows in enumerate(segment_slices(plan.segment_sizes)):
             sub = batch.select(rows)
-            tokens = float(plan.global_tokens[j])
+            tokens = float(plan.global_tokens[j]) or 1.0  # 0 (--overlong-filter): a zero loss, not 0 / 0
 
             def loss_fn(out, micro: slice, rows=rows, sub=sub, tokens=tokens):
                 loss, clipfrac = numerics.value_loss(

@@ -292,8 +292,12 @@ def check_reward(config: RunConfig, prompts: list) -> None:
     for where, prompt in prompts:
         completions = ["", str(prompt.label)] if prompt.label is not None else [""]
         for j, completion in enumerate(completions):
+            # the rollout's length keys too (relax.rollout.sampling); a pre-flight completion is not
+            # generated, so the two samples take the two ends of the range: 0 tokens and the limit
+            max_tokens = config.rollout_max_response_len
             samples.append((f"{where}, completion {completion!r}", prompt.text, completion, prompt.label,
-                            {**prompt.metadata, "sample_index": j}))
+                            {**prompt.metadata, "sample_index": j, "response_tokens": max_tokens if j else 0,
+                             "max_response_tokens": max_tokens}))
     if not samples:
         return
     # --reward-timeout bounds each call (a RewardError naming the sample); pre-flight waits for all of them

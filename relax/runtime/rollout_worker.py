@@ -42,6 +42,7 @@ from relax.rollout.environments import episode_runner
 from relax.rollout.hooks import FILTER_FLAG, POST_PROCESS_FLAG, call_keep_filter, call_post_process
 from relax.rollout.rewards import load_function
 from relax.rollout.sampling import sample_groups
+from relax.rollout.truncation import filter_overlong, truncated_rows
 from relax.runtime.evaluation import sample_eval_slice
 from relax.runtime.fields import ATTENTION_FIELD, AttachesDataPlane
 from relax.runtime.metrics import completion_records, response_stats
@@ -188,18 +189,27 @@ class RolloutCore:
         kept_uids = torch.unique_consecutive(kept_ids).tolist()
         offset = 0
         tokens_per_group: list[int] = []
+        # --overlong-filter: truncated responses leave the loss (counts per group, for the plan)
+        sequences_per_group: list[int] = []
+        filtered = 0
         for r in rounds:  # one data-plane write per round (the rounds' tensors differ in width)
             k, batch = r["keep"], r["gen"].batch
             count = int(k.sum())
             if count == 0:
                 continue
-            tokens_per_group += batch.response_mask[k].sum(1).view(-1, n).sum(1).tolist()
+            loss_mask = batch.response_mask[k].bool()
+            if self.config.overlong_filter:
+                cut = truncated_rows(batch.response_ids[k], loss_mask, self.params.max_new_tokens,
+                                     self.tokenizer.eos_id)
+                loss_mask, filtered = filter_overlong(loss_mask, cut), filtered + int(cut.sum())
+                sequences_per_group += loss_mask.any(1).view(-1, n).sum(1).tolist()
+            tokens_per_group += loss_mask.sum(1).view(-1, n).sum(1).tolist()
             if self.data_plane is not None:
                 fields = {
                     "prompt_ids": batch.prompt_ids[k],
                     "prompt_mask": batch.prompt_mask[k].bool(),
                     "response_ids": batch.response_ids[k],
-                    "response_mask": batch.response_mask[k].bool(),
+                    "response_mask": loss_mask,
                     "rewards": normalized[offset : offset + count].float(),
                     "raw_rewards": r["rewards"][k],
                 }
@@ -222,6 +232,8 @@ class RolloutCore:
             "kept_uids": kept_uids,
             "group_size": n,
             "group_tokens": tokens_per_group,
+            **({"group_sequences": sequences_per_group, "overlong_filtered": filtered}
+               if self.config.overlong_filter else {}),
             "version": version,
             "raw_rewards": rewards,
             "group_ids": group_ids,

@@ -21,7 +21,10 @@ def plan_from_rollouts(rolls: Sequence[dict], num_minibatches: int, world_size: 
     """The step's mini-batch plan; every role derives the same one from the same reports."""
     uids = [u for r in rolls for u in r["kept_uids"]]
     tokens = [t for r in rolls for t in r["group_tokens"]]
-    return plan_step(uids, tokens, rolls[0]["group_size"], num_minibatches, world_size)
+    # --overlong-filter: the loss counts only the sequences that kept a token
+    sequences = ([s for r in rolls for s in r["group_sequences"]]
+                 if all("group_sequences" in r for r in rolls) else None)
+    return plan_step(uids, tokens, rolls[0]["group_size"], num_minibatches, world_size, sequences)
 
 
 def rollout_metrics(algorithm, rolls: Sequence[dict]) -> dict[str, float]:
@@ -49,4 +52,7 @@ def rollout_metrics(algorithm, rolls: Sequence[dict]) -> dict[str, float]:
     if episodes:  # multi-turn: rollout/turns_mean, tool_calls_mean, env_token_frac
         metrics.update(episode_metrics(episodes))
     metrics.update(response_metrics(rolls))  # length max, truncated share, tokens/s; --log-completions
+    if all("overlong_filtered" in r for r in rolls):  # --overlong-filter: share of trained samples left out
+        trained = kept * rolls[0]["group_size"]
+        metrics["rollout/overlong_filtered_frac"] = sum(r["overlong_filtered"] for r in rolls) / max(trained, 1)
     return metrics

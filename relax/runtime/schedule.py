@@ -30,6 +30,8 @@ class StepPlan:
     minibatches: tuple[tuple[int, ...], ...]  # group uids of each mini-batch, in order
     shards: tuple[tuple[tuple[int, ...], ...], ...]  # [rank][mini-batch] -> group uids
     global_tokens: tuple[int, ...]  # valid response tokens per mini-batch (all ranks)
+    # sequences with a valid token per mini-batch, when some have none (--overlong-filter); None: all
+    sequences: tuple[int, ...] | None = None
 
     @property
     def num_groups(self) -> int:
@@ -42,7 +44,7 @@ class StepPlan:
 
     @property
     def global_sequences(self) -> tuple[int, ...]:
-        return self.segment_sizes
+        return self.sequences if self.sequences is not None else self.segment_sizes
 
     @property
     def uids(self) -> list[int]:
@@ -58,13 +60,16 @@ class StepPlan:
 
 
 def plan_step(
-    kept_uids: list[int], group_tokens: list[int], group_size: int, num_minibatches: int, world_size: int
+    kept_uids: list[int], group_tokens: list[int], group_size: int, num_minibatches: int, world_size: int,
+    group_sequences: list[int] | None = None,
 ) -> StepPlan:
     """Split the kept groups (in write order) into at most ``num_minibatches`` contiguous
     mini-batches of whole groups, then each mini-batch into ``world_size`` contiguous shards.
 
     Fewer kept groups than ``num_minibatches`` gives fewer (non-empty) mini-batches; a rank whose
     shard of a mini-batch is empty still takes part in that optimizer step (with zero gradient).
+    ``group_sequences``: per kept group, its samples with a valid loss token (the loss's sequence
+    count); None: every sample counts.
     """
     if num_minibatches < 1 or world_size < 1:
         raise ValueError(f"num_minibatches ({num_minibatches}) and world_size ({world_size}) must be >= 1")
@@ -81,6 +86,8 @@ def plan_step(
         minibatches=tuple(tuple(mb) for mb in minibatches),
         shards=tuple(tuple(s) for s in shards),
         global_tokens=tuple(sum(tokens[u] for u in mb) for mb in minibatches),
+        sequences=None if group_sequences is None else tuple(
+            sum(dict(zip(kept_uids, group_sequences))[u] for u in mb) for mb in minibatches),
     )
 
 

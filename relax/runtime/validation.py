@@ -226,6 +226,14 @@ def _check_loss(config, algorithm, who, errors, warnings):
             f"{who} requires the loss to be normalized by the global number of valid response tokens: "
             f"use --loss-aggregation token_mean (got {aggregation})"
         )
+    if config.overlong_filter:
+        from relax.rollout.environments import is_multi_turn
+
+        if is_multi_turn(config):  # an episode's loss mask leaves out environment turns: no length to compare
+            errors.append(
+                "--overlong-filter compares a single completion's length with --rollout-max-response-len; it does "
+                "not apply to multi-turn episodes (--env-path, or a task with an environment): remove it"
+            )
 
 
 def _check_backend(config, algorithm, who, errors, warnings):

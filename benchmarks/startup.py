@@ -13,7 +13,7 @@ ended, e.g. ``rollout0_init_s``). The process's wall time and the load average a
 shared machine read the numbers relative to each other (same invocation), not as absolutes.
 
     python benchmarks/startup.py [--cold 2] [--warm 3]
-    python benchmarks/startup.py --smoke    # one cold run, one warm run, for the test suite
+    python benchmarks/startup.py --smoke    # one cold run and one warm run, for the test suite
 
 The last line of stdout is JSON.
 """
@@ -107,13 +107,13 @@ def _stop_head(temp_dir: str) -> None:
         time.sleep(2)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cold", type=int, default=2, help="cold runs (each starts its own Ray)")
     parser.add_argument("--warm", type=int, default=3, help="runs on one kept cluster (0: none)")
-    parser.add_argument("--smoke", action="store_true", help="one cold and two warm runs")
-    args = parser.parse_args()
-    cold_n, warm_n = (1, 2) if args.smoke else (args.cold, args.warm)
+    parser.add_argument("--smoke", action="store_true", help="one cold and one warm run")
+    args = parser.parse_args(argv)
+    cold_n, warm_n = (1, 1) if args.smoke else (args.cold, args.warm)
     work = Path(tempfile.mkdtemp(prefix="relax_startup_"))
     ray_tmp = tempfile.mkdtemp(prefix="rs_", dir="/tmp")  # short: unix socket paths are limited
     result = {"cold": [], "warm": []}
@@ -141,6 +141,7 @@ def main() -> None:
             print(f"{kind} {i}: start-up {run['startup_s']:.1f}s, wall {run['wall_s']:.1f}s, load {run['load_avg']:.1f} "
                   f"({phases})")
     print(json.dumps(result))
+    return result
 
 
 if __name__ == "__main__":

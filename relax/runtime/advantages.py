@@ -68,7 +68,15 @@ def make_deployment():
         health_check_period_s=10,
     )
     class AdvantagesDeployment:
-        def __init__(self, algorithm_spec: str, algorithm_config):
+        def __init__(self, algorithm_spec: str, algorithm_config, run_prefix: str | None = None):
+            if run_prefix is not None:
+                # the run's data-plane partitions (relax.runtime.data_plane): Serve builds a replica's
+                # environment itself, so the driver hands the prefix over rather than trusting the job's
+                import os
+
+                from relax.runtime.ray_session import RUN_PREFIX_ENV
+
+                os.environ[RUN_PREFIX_ENV] = run_prefix
             self.core = AdvantagesCore(algorithm_spec, algorithm_config)
 
         def compute(self, step, num_groups, segment_sizes, with_values, with_kl, group_uids=None) -> dict:

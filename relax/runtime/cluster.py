@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 import time
 
@@ -14,7 +15,13 @@ from relax.backends.registry import get_backend
 from relax.runtime import roles as R
 from relax.runtime.console import log
 from relax.runtime.heartbeat import Heartbeats
-from relax.runtime.ray_session import WORKER_CPUS, quiet_transferqueue_client, start_ray, stop_ray
+from relax.runtime.ray_session import (
+    RUN_PREFIX_ENV,
+    WORKER_CPUS,
+    quiet_transferqueue_client,
+    start_ray,
+    stop_ray,
+)
 from relax.runtime.reaper import kill_pids
 from relax.runtime.shipping import with_absolute_paths
 from relax.runtime.waits import (
@@ -155,9 +162,12 @@ class Runtime:
         quiet = {"enable_access_log": False, "log_level": "WARNING"}
         try:
             serve.start(proxy_location="Disabled", logging_config=quiet)
-            app = make_deployment().bind(self.config.advantage_estimator, self.config.algorithm)
-            self.adv_handle = serve.run(app, name=APP_NAME, route_prefix=None, logging_config=quiet)
-            self.serve_app = APP_NAME
+            # one app per run on a kept cluster (several runs may share its Serve)
+            prefix = os.environ.get(RUN_PREFIX_ENV)
+            name = f"{APP_NAME}_{prefix.rstrip('_')}" if prefix and self.config.ray_address else APP_NAME
+            app = make_deployment().bind(self.config.advantage_estimator, self.config.algorithm, prefix)
+            self.adv_handle = serve.run(app, name=name, route_prefix=None, logging_config=quiet)
+            self.serve_app = name
             self._serve_ready = time.perf_counter()
         except Exception as exc:  # noqa: BLE001 - reported by start() on the main thread
             self._serve_error = f"{type(exc).__name__}: {exc}"

@@ -23,7 +23,7 @@ def smoke(name: str, monkeypatch):
 
 def test_every_benchmark_has_a_smoke_test():
     tested = {"algorithms", "async", "bare_loop", "hf_rollout", "megatron_vs_torch", "memory", "pipeline",
-              "rollout_engines", "gpu_vllm"}
+              "rollout_engines", "gpu_vllm", "startup"}
     assert {p.stem for p in BENCHMARKS.glob("*.py")} == tested
 
 
@@ -53,6 +53,15 @@ def test_memory(monkeypatch):
     results = smoke("memory", monkeypatch)
     assert [r["config"] for r in results] == ["fp32", "bf16", "recompute", "bf16+recompute", "lora"]
     assert all(r["peak_mib"] > 0 and r["step_s"] > 0 for r in results)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_startup(monkeypatch):
+    result = smoke("startup", monkeypatch)  # one cold run, one on a kept `ray start --head` cluster
+    assert len(result["cold"]) == 1 and len(result["warm"]) == 1
+    for run in result["cold"] + result["warm"]:
+        assert run["startup_s"] > 0 and {"ray_s", "transferqueue_s", "workers_ready_s"} <= set(run["phases"])
 
 
 @pytest.mark.megatron

@@ -100,7 +100,8 @@ class GRPO(RLAlgorithm):
         return loss, flags, {}
 
     def _correct_off_policy(self, inputs, mask, old, per_token, flags):
-        """Weight the per-token loss by ``numerics.behaviour_weights`` (``--off-policy-correction``)."""
+        """Weight the per-token loss by ``numerics.behaviour_weights`` (``--off-policy-correction``); the
+        sequence modes weigh every token of a sequence by its sequence's weight."""
         c = self.config
         if inputs.rollout_log_probs is None:
             raise ValueError(
@@ -108,7 +109,8 @@ class GRPO(RLAlgorithm):
                 "rollout's sampling log-probs), which is None"
             )
         behaviour = inputs.rollout_log_probs.masked_fill(~mask, 0.0)
-        weight, capped = numerics.behaviour_weights(old.detach(), behaviour, c.off_policy_correction, c.off_policy_cap)
+        weight, capped = numerics.behaviour_weights(old.detach(), behaviour, c.off_policy_correction, c.off_policy_cap,
+                                                    mask=mask)
         weight = weight.masked_fill(~mask, 0.0)
         return per_token * weight, {**flags, "off_policy_capped_frac": capped & mask}, {"off_policy_weight": weight}
 
@@ -134,6 +136,10 @@ class GRPO(RLAlgorithm):
         metrics = {"pg_loss": pg_loss.detach(), "ppo_kl": agg(-log_ratio).detach()}
         metrics.update({k: agg(v.to(per_token.dtype)).detach() for k, v in flags.items()})
         metrics.update({k: agg(v).detach() for k, v in off_policy.items()})
+        if inputs.rollout_log_probs is not None:  # behaviour vs trainer: how far off-policy the samples are
+            behaviour = inputs.rollout_log_probs.masked_fill(~mask, 0.0)
+            mismatch = numerics.mismatch_metrics(old.detach(), behaviour, mask)
+            metrics.update({f"off_policy_{k}": agg(v).detach() for k, v in mismatch.items()})
         if scalars:
             # Per-batch statistics are not shares by themselves: weight them by this micro-batch's
             # share of the global valid tokens so that summing over micro-batches and ranks gives

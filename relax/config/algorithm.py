@@ -31,7 +31,7 @@ from relax.config.fields import (
 # The choices of the loss fields (the numerics implement each of them).
 KL_ESTIMATORS = ("k1", "k2", "k3", "low_var_kl", "k3+")
 LOSS_AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm")
-OFF_POLICY_CORRECTIONS = ("none", "tis", "decoupled")
+OFF_POLICY_CORRECTIONS = ("none", "tis", "decoupled", "seq_tis", "seq_mask_tis")
 
 
 def check_fields(config) -> None:
@@ -123,7 +123,9 @@ class AlgorithmConfig:
         default="none", metadata=flag(
             "how the loss corrects for samples drawn by an older (behaviour) policy: none, tis "
             "(truncated importance sampling: each token's loss x min(pi_old / pi_behaviour, cap)) or "
-            "decoupled (decoupled PPO: x pi_old / pi_behaviour, tokens above the cap masked)",
+            "decoupled (decoupled PPO: x pi_old / pi_behaviour, tokens above the cap masked), seq_tis (every "
+            "token x min(the sequence's product of the ratios, cap)) or seq_mask_tis (sequences whose geometric-mean "
+            "ratio leaves [1/cap, cap] rejected, tis on the others)",
             group="asynchronous training", check=OneOf(OFF_POLICY_CORRECTIONS)),
     )
     off_policy_cap: float = attrs.field(default=2.0, metadata=flag(

@@ -34,11 +34,18 @@ def _check_off_policy(config, algorithm, who, errors, warnings):
             f"--off-policy-cap ({a.off_policy_cap}); on-policy tokens have weight 1, so with a cap <= 1 every "
             "update would be zero. Pass --off-policy-cap above 1 (e.g. 2, the default)"
         )
+    if a.off_policy_correction == "seq_mask_tis" and a.off_policy_cap <= 1:
+        errors.append(
+            f"--off-policy-correction seq_mask_tis keeps the sequences whose geometric-mean weight lies in "
+            f"[1/cap, cap]; --off-policy-cap {a.off_policy_cap} makes that band empty (or a single point), so "
+            "every sequence would be rejected. Pass --off-policy-cap above 1 (e.g. 2, the default)"
+        )
     default_cap = attrs.fields(type(a)).off_policy_cap.default
     reads_cap = not algorithm.hyperparameters or "off_policy_cap" in algorithm.hyperparameters
     if a.off_policy_correction == "none" and a.off_policy_cap != default_cap and reads_cap:
         warnings.append(
-            f"--off-policy-cap {a.off_policy_cap} has no effect without --off-policy-correction (tis or decoupled)"
+            f"--off-policy-cap {a.off_policy_cap} has no effect without --off-policy-correction "
+            "(tis, decoupled, seq_tis or seq_mask_tis)"
         )
 
 

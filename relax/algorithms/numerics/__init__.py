@@ -10,7 +10,9 @@ One module per job, every public name re-exported here (call sites write ``numer
   normalization), each reduced over the process group so shards reproduce the single-process numbers;
 - ``kl``: KL estimators; ``returns``: terminal-reward placement, GAE and discounted-return scans over
   masked ``[N, T]``;
-- ``losses``: loss aggregation, the clipped value loss, behaviour-policy weights, the PPO surrogate;
+- ``losses``: loss aggregation, the clipped value loss, the PPO surrogate;
+- ``off_policy``: behaviour-policy weights (token and sequence importance sampling, masking) and
+  the behaviour / trainer mismatch diagnostics;
 - ``constants``: the named epsilons and the lists of choices.
 
 Conventions: statistics that can cancel are computed in float64 with two passes (mean first, then
@@ -44,13 +46,8 @@ from relax.algorithms.numerics.groups import (
     leave_one_out_factor,
 )
 from relax.algorithms.numerics.kl import kl_estimate
-from relax.algorithms.numerics.losses import (
-    aggregate,
-    behaviour_weights,
-    masked_inputs,
-    ppo_clip_loss,
-    value_loss,
-)
+from relax.algorithms.numerics.losses import aggregate, masked_inputs, ppo_clip_loss, value_loss
+from relax.algorithms.numerics.off_policy import behaviour_weights, mismatch_metrics
 from relax.algorithms.numerics.returns import (
     broadcast_to_tokens,
     discounted_returns,
@@ -94,6 +91,7 @@ __all__ = [
     "leave_one_out_factor",
     "masked_inputs",
     "masked_whiten",
+    "mismatch_metrics",
     "ppo_clip_loss",
     "raise_on_all_ranks",
     "reward_matrix",

@@ -1,10 +1,10 @@
-"""Loss aggregation, the clipped value loss, behaviour-policy weights and the PPO surrogate."""
+"""Loss aggregation, the clipped value loss and the PPO surrogate."""
 
 from __future__ import annotations
 
 import torch
 
-from relax.algorithms.numerics.constants import LOSS_AGGREGATIONS, OFF_POLICY_CORRECTIONS
+from relax.algorithms.numerics.constants import LOSS_AGGREGATIONS
 
 
 def aggregate(
@@ -88,30 +88,6 @@ def value_loss(
     loss = aggregate(per_token, mask, mode, **kw)
     clipfrac = aggregate(clipped_more.to(per_token.dtype), mask, mode, **kw).detach()
     return loss, clipfrac
-
-
-def behaviour_weights(
-    proximal_log_probs: torch.Tensor, behaviour_log_probs: torch.Tensor, mode: str, cap: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token weights that correct a loss for samples drawn by a behaviour policy -> ``(weight, capped)``.
-
-    ``proximal_log_probs`` are the trainer's log-probs before this step's updates (``old_log_probs``:
-    PPO's ratio is taken against them), ``behaviour_log_probs`` the rollout's sampling log-probs,
-    possibly of an older policy version. With ``w = exp(proximal - behaviour)``:
-
-    - ``tis``: truncated importance sampling, ``min(w, cap)``;
-    - ``decoupled``: the decoupled PPO objective, ``w`` itself, and tokens with ``w > cap`` get
-      weight 0 (they are dropped rather than down-weighted).
-
-    The weights carry no gradient. ``capped`` marks the tokens whose weight hit the cap.
-    """
-    if mode not in OFF_POLICY_CORRECTIONS or mode == "none":
-        raise ValueError(f"mode must be one of {OFF_POLICY_CORRECTIONS[1:]}, got {mode!r}")
-    weight = torch.exp((proximal_log_probs - behaviour_log_probs).detach())
-    capped = weight > cap
-    if mode == "tis":
-        return weight.clamp(max=cap), capped
-    return torch.where(capped, torch.zeros_like(weight), weight), capped
 
 
 def ppo_clip_loss(

@@ -115,6 +115,15 @@ class RunConfig:
         "generation engine of the rollout workers: tiny (the built-in model), hf (relax's transformers loop) or "
         "vllm (vLLM inside each rollout worker; needs the vllm extra, docs/en/rollout-engines.md); default: hf "
         "with --hf-checkpoint, else tiny", group="sampling", check=OneOf(ROLLOUT_ENGINES)))
+    rollout_top_k: int = attrs.field(default=0, metadata=flag(
+        "sample only from the K most likely tokens (vllm engine); 0 = no top-k", group="sampling",
+        check=NON_NEGATIVE_INT, metavar="K"))
+    rollout_min_p: float = attrs.field(default=0.0, metadata=flag(
+        "drop tokens whose probability is below this fraction of the most likely token's (vllm engine); "
+        "0 = no min-p", group="sampling", check=Range(ge=0, lt=1)))
+    rollout_stop: tuple[str, ...] = attrs.field(default=(), converter=tuple, metadata=flag(
+        "end a completion at the first of these strings, kept in the completion (vllm engine); the stop "
+        "tokens of the tokenizer always end it", group="sampling", nargs="+", metavar="TEXT"))
     # -- model and data --
     task: str = attrs.field(default="addition", metadata=flag(
         "built-in task (prompts, labels and reward function) used when no --prompt-data is given",

@@ -52,13 +52,15 @@ def config_errors(config) -> list[str]:
             "--rollout-engine to sample from the built-in model"
         )
     for field, (flag, engines) in ENGINE_SAMPLING_FLAGS.items():
-        value = getattr(config, field, None)
+        value = getattr(config, field)
         if value and name not in engines:
             errors.append(
                 f"{flag} {_shown(value)} is a sampling setting of the {' / '.join(engines)} engine only; the "
                 f"{name} engine would ignore it: add --rollout-engine {engines[0]} (with --hf-checkpoint) or "
                 f"drop {flag}"
             )
+    if any(not text for text in config.rollout_stop):
+        errors.append("--rollout-stop: a stop string must not be empty")
     if name == "vllm" and config.hf_checkpoint and not errors:
         from relax.rollout.vllm.factory import config_errors as vllm_errors
 

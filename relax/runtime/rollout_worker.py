@@ -105,6 +105,9 @@ class RolloutCore:
             temperature=config.rollout_temperature,
             top_p=config.rollout_top_p,
             max_new_tokens=config.rollout_max_response_len,
+            top_k=config.rollout_top_k,
+            min_p=config.rollout_min_p,
+            stop=config.rollout_stop,
         )
         # Behaviour log-probs travel with the samples only when the loss corrects for staleness or the
         # trainer measures the engine's mismatch (relax.rollout.engines).

@@ -36,6 +36,24 @@ def reference_log_probs(model, gen, temperature=1.0, top_p=1.0):
     return out
 
 
+def kept_reference_log_probs(model, gen, keep):
+    """log-prob of each response token under softmax(logits) restricted to ``keep(probs)`` (a bool
+    mask of the kept tokens) and renormalized."""
+    b = gen.batch
+    out = torch.zeros_like(gen.log_probs, dtype=torch.float64)
+    for i in range(len(b)):
+        prompt = b.prompt_ids[i][b.prompt_mask[i]]
+        response = b.response_ids[i][b.response_mask[i]]
+        with torch.no_grad():
+            logits = model(input_ids=torch.cat([prompt, response])[None]).logits[0].double()
+        for t, tok in enumerate(response.tolist()):
+            probs = torch.softmax(logits[len(prompt) + t - 1], dim=-1)
+            kept = keep(probs)
+            assert kept[tok], f"row {i} token {t}: {tok} sampled outside the kept set"
+            out[i, t] = math.log(probs[tok] / probs[kept].sum())
+    return out
+
+
 def check_layout(gen, tokenizer, max_new_tokens):
     b = gen.batch
     assert b.response_ids.shape == b.response_mask.shape == gen.log_probs.shape
@@ -111,3 +129,37 @@ def test_reloaded_weights_change_the_log_probs_to_the_new_model(engine, hf_model
     gen = engine.generate(ids, params, generator=torch.Generator().manual_seed(1))
     back = (gen.log_probs.double() - reference_log_probs(hf_model, gen)).abs()[gen.batch.response_mask]
     assert float(back.max()) < 1e-4
+
+
+def _top_k(k):
+    return lambda probs: probs >= probs.topk(k).values[-1]
+
+
+@pytest.mark.parametrize("params,keep", [
+    (SamplingParams(top_k=3, max_new_tokens=10), _top_k(3)),
+    (SamplingParams(min_p=0.2, max_new_tokens=10), lambda probs: probs >= 0.2 * probs.max()),
+])
+def test_top_k_and_min_p_sample_from_the_kept_tokens_with_their_renormalized_log_probs(engine, hf_model, params,
+                                                                                       keep):
+    gen = engine.generate(prompt_ids(engine), params, generator=torch.Generator().manual_seed(2))
+    mask = gen.batch.response_mask
+    diff = (gen.log_probs.double() - kept_reference_log_probs(hf_model, gen, keep)).abs()[mask]
+    assert float(diff.max()) < 1e-4
+    full = (gen.log_probs.double() - reference_log_probs(hf_model, gen)).abs()[mask]
+    assert float(full.max()) > 1e-2  # the trainer's full-distribution log-probs differ on purpose
+
+
+def test_a_stop_string_ends_the_completion_and_stays_in_it(engine):
+    ids = prompt_ids(engine, 4)
+    params = SamplingParams(max_new_tokens=12, stop=("+", "?", "="))
+    gen = engine.generate(ids, params, generator=torch.Generator().manual_seed(3))
+    texts = engine.decode_responses(gen)
+    stopped = 0
+    for text, length in zip(texts, gen.batch.response_mask.sum(1).tolist()):
+        first = min((text.find(s) + len(s) for s in params.stop if s in text), default=None)
+        if first is not None:
+            stopped += 1
+            assert not text[first:].strip(), f"text after the stop string: {text!r}"
+    assert stopped > 0
+    free = engine.generate(ids, SamplingParams(max_new_tokens=12), generator=torch.Generator().manual_seed(3))
+    assert free.batch.response_mask.sum() > gen.batch.response_mask.sum()

@@ -49,13 +49,13 @@ class VLLMEngine(GenerationEngine):
     def _request_params(self, params: SamplingParams, seed: int | None):
         from vllm import SamplingParams as VLLMSamplingParams
 
-        stop = list(getattr(params, "stop", ()) or ())
+        stop = list(params.stop)
         return VLLMSamplingParams(
             n=1,
             temperature=params.temperature,
             top_p=params.top_p,
-            top_k=getattr(params, "top_k", 0) or -1,  # -1: vLLM's "no top-k"
-            min_p=getattr(params, "min_p", 0.0),
+            top_k=params.top_k or -1,  # -1: vLLM's "no top-k"
+            min_p=params.min_p,
             max_tokens=params.max_new_tokens,
             # relax's tokenizer alone says where a row stops (as in the other engines): its stop ids,
             # not vLLM's own reading of the checkpoint's EOS

@@ -90,5 +90,5 @@ def vllm_engine_from_config(config):
 
     path = check_checkpoint_dir(config.hf_checkpoint)
     tokenizer = load_hf_tokenizer(path)
-    llm = build_llm(str(path), seed=config.seed, with_tokenizer=bool(getattr(config, "rollout_stop", ())))
+    llm = build_llm(str(path), seed=config.seed, with_tokenizer=bool(config.rollout_stop))
     return VLLMEngine(llm, tokenizer, base_weights=checkpoint_weights_reader(path))

@@ -2,8 +2,8 @@
 
 Use it with ``--custom-rm-path relax.rewards.math:score --reward-keys correct`` (add ``has_answer``
 as a second component, or leave it for the logs). Equivalence is decided by ``math-verify`` (the
-``rewards`` extra: ``pip install 'relax-rl[rewards]'``), so ``\\boxed{\\frac{1}{2}}`` equals ``0.5``,
-``1/2`` equals ``\\frac{1}{2}`` and ``2\\sqrt{2}`` equals ``\\sqrt{8}``. Components:
+``rewards`` extra: ``pip install -e '.[rewards]' torch==2.13.0``), so ``\\boxed{\\frac{1}{2}}``
+equals ``0.5``, ``1/2`` equals ``\\frac{1}{2}`` and ``2\\sqrt{2}`` equals ``\\sqrt{8}``. Components:
 
 - ``correct``: 1.0 when the final answer equals the label, else 0.0;
 - ``has_answer``: 1.0 when an answer could be found in the completion at all.
@@ -35,7 +35,8 @@ def _math_verify():
         import math_verify
     except ImportError:
         raise ImportError(
-            "relax.rewards.math needs math-verify: pip install 'relax-rl[rewards]' (math-verify==0.9.0)"
+            "relax.rewards.math needs math-verify (the rewards extra): pip install -e '.[rewards]' "
+            "torch==2.13.0"
         ) from None
     return math_verify
 

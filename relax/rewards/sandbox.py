@@ -54,7 +54,8 @@ class SandboxLimits:
     output_bytes: int = 1 << 20  # stdout / stderr kept (the rest is dropped)
 
     def __attrs_post_init__(self):
-        for name in ("cpu_seconds", "wall_seconds", "memory_bytes", "file_bytes", "processes", "output_bytes"):
+        for name in ("cpu_seconds", "wall_seconds", "memory_bytes", "file_bytes", "processes",
+                     "output_bytes"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"SandboxLimits.{name} must be > 0, got {getattr(self, name)!r}")
 

@@ -38,7 +38,7 @@ def _reasoning_gym():
         import reasoning_gym
     except ImportError:
         raise ImportError(
-            "--task reasoning-gym:<dataset> needs reasoning-gym: pip install 'relax-rl[rewards]' "
+            "--task reasoning-gym:<dataset> needs reasoning-gym: pip install -e '.[rewards]' torch==2.13.0 "
             "(reasoning-gym==0.1.25)"
         ) from None
     return reasoning_gym
@@ -54,7 +54,8 @@ def dataset(name: str, seed: int):
     rg = _reasoning_gym()
     if name not in rg.factory.DATASETS:
         raise KeyError(
-            f"unknown reasoning-gym dataset {name!r} (--task {PREFIX}{name}); it has: {', '.join(dataset_names())}"
+            f"unknown reasoning-gym dataset {name!r} (--task {PREFIX}{name}); it has: "
+            f"{', '.join(dataset_names())}"
         )
     return rg.create_dataset(name, size=DATASET_SIZE, seed=int(seed))
 

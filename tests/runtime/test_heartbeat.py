@@ -312,3 +312,32 @@ def test_no_ray_process_survives_a_killed_driver(tmp_path):
         if run.poll() is None:
             run.kill()
     _wait_until(lambda: not any(_alive(p) for p in ray_processes), 30, "every Ray process of the run to end")
+
+
+@needs_proc
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_sigterm_during_ray_start_up_exits_143_and_leaves_no_ray_process(tmp_path):
+    run, _ = _start_run(tmp_path, "--num-rollout", "3")
+    seen: dict[int, int] = {}
+    try:
+        def ray_is_starting() -> bool:
+            seen.update(reaper.descendants(run.pid))
+            return any("gcs_server" in _cmdline(p) for p in seen) or run.poll() is not None
+
+        _wait_until(ray_is_starting, 300, "Ray's start-up (its gcs_server)")
+        assert run.poll() is None, run.communicate()[1]
+        run.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 120
+        while run.poll() is None and time.monotonic() < deadline:
+            seen.update(reaper.descendants(run.pid))  # what the start-up started meanwhile
+            time.sleep(0.2)
+        _, err = run.communicate(timeout=10)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 143, err
+    assert "relax train: terminated (SIGTERM)" in err
+    time.sleep(1)
+    left = [f"{p} {_cmdline(p)}" for p in seen if _alive(p)]
+    assert not left, f"Ray processes of the run still alive: {left}"

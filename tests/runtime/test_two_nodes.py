@@ -33,9 +33,12 @@ pytestmark = [
 
 BIN = Path(sys.executable).parent
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled",
-       "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "TQ_NUM_THREADS": "2", "HF_HUB_OFFLINE": "1",
+       "TQ_NUM_THREADS": "2", "HF_HUB_OFFLINE": "1",
        "PATH": os.pathsep.join([str(BIN), os.environ.get("PATH", "")])}
 ENV.pop("RAY_ADDRESS", None)
+# relax's single-machine default (bind to loopback) makes `ray start --address` refuse to add a node
+# ("Multi-node Ray clusters are not supported"): the nodes bind to 127.0.0.1 through --node-ip-address.
+ENV.pop("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", None)
 DISK_LIMIT_MB = 1024  # both nodes' temp dirs together, after two runs
 
 

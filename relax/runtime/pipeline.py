@@ -63,20 +63,23 @@ class Pipeline:
         rt, cfg, layout = self.rt, self.rt.config, self.rt.layout
         version = rollout_version(step, self.k, self.floor)
         weights, after = self.versions[version]
-        rolls = [w.step.remote(step, version, weights, *after) for w in rt.rollouts]
+        # Two return values per rollout worker: the step's shape (kept groups and their token counts:
+        # all the training roles need to plan) and the whole report (rewards, texts: the driver's).
+        outs = [w.rollout.options(num_returns=2).remote(step, version, weights, *after) for w in rt.rollouts]
+        shapes, rolls = [o[0] for o in outs], [o[1] for o in outs]
         with_values = rt.critic is not None
         with_kl = R.REFERENCE in layout and cfg.algorithm.kl_in_reward
         on_actor = layout.placement[R.ADVANTAGES] == R.ON_ACTOR
         prep = []
         if with_kl and not on_actor:
-            prep += [a.prepare_step.remote(step, *rolls) for a in rt.actors]
+            prep += [a.prepare_step.remote(step, *shapes) for a in rt.actors]
         if with_values:
-            prep.append(rt.critic.values_step.remote(step, *rolls))
+            prep.append(rt.critic.values_step.remote(step, *shapes))
         # No dependency on `prep`: every read of values / KL (the deployment's, or the actor's own
         # with advantages on the actor) waits in the data plane until they are written, so the old
         # log-probs are computed while the critic works.
-        outs = [a.train_step.options(num_returns=2).remote(step, with_values, with_kl, *rolls) for a in rt.actors]
-        critic = [rt.critic.train_step.remote(step, *rolls)] if with_values else []
+        outs = [a.train_step.options(num_returns=2).remote(step, with_values, with_kl, *shapes) for a in rt.actors]
+        critic = [rt.critic.train_step.remote(step, *shapes)] if with_values else []
         train = [o[0] for o in outs] + critic
         self.submitted[step] = {"rolls": rolls, "prep": prep, "train": train, "version": version,
                                 "weights": outs[0][1]}

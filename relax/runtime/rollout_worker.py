@@ -46,6 +46,7 @@ from relax.rollout.truncation import filter_overlong, truncated_rows
 from relax.runtime.evaluation import sample_eval_slice
 from relax.runtime.fields import ATTENTION_FIELD, AttachesDataPlane
 from relax.runtime.metrics import completion_records, response_stats
+from relax.runtime.rollouts import step_shape
 from relax.runtime.weight_sync import ObjectStoreSync
 
 # Fields the rollout writes for every kept completion. Masks travel as bool (1 byte, not 8: the
@@ -294,3 +295,9 @@ class RolloutWorker(AttachesDataPlane, RolloutCore):
 
     def __init__(self, config, algorithm_spec: str, index: int = 0):
         super().__init__(config, algorithm_spec, data_plane=None, index=index)
+
+    def rollout(self, step: int, version: int = 0, weights=None, *after) -> tuple[dict, dict]:
+        """``step`` with two results (``num_returns=2``): the step's shape, all the training roles
+        need to plan, and the whole report, the driver's."""
+        report = self.step(step, version, weights, *after)
+        return step_shape(report), report

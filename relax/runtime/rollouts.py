@@ -17,6 +17,16 @@ from relax.runtime.metrics import response_metrics, reward_metrics
 from relax.runtime.schedule import StepPlan, plan_step
 
 
+# What the training roles need of a rollout report to plan the step (the rest is the driver's).
+STEP_SHAPE_KEYS = ("kept_uids", "group_tokens", "group_size")
+OPTIONAL_STEP_SHAPE_KEYS = ("group_sequences",)  # only with --overlong-filter
+
+
+def step_shape(report: dict) -> dict:
+    """The part of a rollout report that the actor ranks and the critic receive."""
+    return {key: report[key] for key in STEP_SHAPE_KEYS + OPTIONAL_STEP_SHAPE_KEYS if key in report}
+
+
 def plan_from_rollouts(rolls: Sequence[dict], num_minibatches: int, world_size: int) -> StepPlan:
     """The step's mini-batch plan; every role derives the same one from the same reports."""
     uids = [u for r in rolls for u in r["kept_uids"]]

@@ -122,8 +122,8 @@ def test_filter_sees_the_algorithms_verdict_and_post_process_replaces_normalize_
     expected_groups = sorted({int(g) for g in gids[signal & (gids % 2 == 0)]})
     assert out["kept_uids"] == expected_groups
     if expected_groups:
-        read = plane.read(1, ("rewards", "raw_rewards"), "check", len(expected_groups))
-        by_hand = read["raw_rewards"] @ torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=torch.float64) + 100.0
+        read = plane.read(1, ("rewards",), "check", len(expected_groups))
+        by_hand = _kept_raw_rewards(out) @ torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=torch.float64) + 100.0
         assert torch.equal(read["rewards"], by_hand.float())
 
 
@@ -134,8 +134,8 @@ def test_disable_rewards_normalization_trains_on_the_raw_weighted_sum():
     out = RolloutCore(cfg, "grpo", plane).step(1)
     kept = out["kept_uids"]
     assert kept, "the fixed seed keeps some groups"
-    read = plane.read(1, ("rewards", "raw_rewards"), "check", len(kept))
-    r = read["raw_rewards"]
+    read = plane.read(1, ("rewards",), "check", len(kept))
+    r = _kept_raw_rewards(out)
     by_hand = (r[:, 0] * 1.0 + r[:, 1] * 0.5 + r[:, 2] * 0.25 + r[:, 3] * 2.0).float()
     assert torch.equal(read["rewards"], by_hand)
     normalized = RolloutCore(_config(algorithm={"reward_weights": weights}), "grpo", AppendingPlane())
@@ -321,3 +321,8 @@ def test_relax_train_stops_naming_a_hook_that_breaks_its_contract(ray_cluster, t
     err = capsys.readouterr().err
     assert ("--dynamic-sampling-filter-path 'my_relax_hooks:first_sample_only' (step 1) kept only part of "
             "prompt group 0") in err
+
+
+def _kept_raw_rewards(out: dict) -> torch.Tensor:
+    """The raw ``[n, K]`` rewards of the kept samples, in the order the data plane holds them."""
+    return out["raw_rewards"][torch.isin(out["group_ids"], torch.tensor(out["kept_uids"], dtype=torch.long))]

@@ -182,11 +182,12 @@ def test_rollout_writes_only_kept_groups_with_the_algorithms_normalized_rewards(
     for key in KEYS:
         assert {f"reward/{key}/mean", f"reward/{key}/std", f"reward/{key}/zero_std_frac"} <= set(m)
     if kept:
-        read = plane.read(1, ("rewards", "raw_rewards", "response_mask"), "check", len(kept))
+        read = plane.read(1, ("rewards", "response_mask"), "check", len(kept))
         gids = torch.tensor(kept).repeat_interleave(4)
-        expected = rollout.algorithm.normalize_rewards(read["raw_rewards"], gids)
+        raw = _kept_raw_rewards(out)
+        expected = rollout.algorithm.normalize_rewards(raw, gids)
         assert torch.equal(read["rewards"], expected)
-        assert read["raw_rewards"].dtype == torch.float64 and read["raw_rewards"].shape == (4 * len(kept), 4)
+        assert raw.dtype == torch.float64 and raw.shape == (4 * len(kept), 4)
         assert out["group_tokens"] == read["response_mask"].sum(1).view(-1, 4).sum(1).tolist()
 
 
@@ -313,3 +314,8 @@ def test_densify_pads_rows_of_different_widths_on_the_fields_side():
     assert _densify(mixed, 2, "prompt_ids").tolist() == [[[0, 1, 2], [0, 3, 4]], [[5, 6, 7], [8, 9, 10]]]
     masks = torch.nested.as_nested_tensor([torch.ones(1, 1, dtype=torch.bool), torch.ones(1, 2, dtype=torch.bool)])
     assert _densify(masks, 2, "response_mask").tolist() == [[[True, False]], [[True, True]]]
+
+
+def _kept_raw_rewards(out: dict) -> torch.Tensor:
+    """The raw ``[n, K]`` rewards of the kept samples, in the order the data plane holds them."""
+    return out["raw_rewards"][torch.isin(out["group_ids"], torch.tensor(out["kept_uids"], dtype=torch.long))]

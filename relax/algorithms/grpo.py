@@ -14,7 +14,7 @@ import torch
 from relax.algorithms import numerics
 from relax.algorithms.base import RLAlgorithm
 from relax.algorithms.types import AdvantageInputs, PolicyLossInputs, PolicyLossOutput
-from relax.config.fields import POSITIVE, flag
+from relax.config.fields import POSITIVE, OneOf, flag
 
 # The AlgorithmConfig fields of GRPO's policy stage, named once for the ``hyperparameters`` of every
 # method that keeps that stage: the PPO clip of ``surrogate``, and the terms ``policy_loss`` adds to
@@ -25,6 +25,7 @@ LOSS_TERM_HYPERPARAMETERS = (
     "use_kl_loss", "kl_loss_coef", "kl_loss_type", "entropy_coef", "loss_aggregation", "off_policy_correction",
     "off_policy_cap",
 )
+CISPO_RULES = ("paper", "upstream")  # --cispo-rule: MiniMax-M1's token weight, or the upstream project's
 
 
 class GRPO(RLAlgorithm):
@@ -211,34 +212,34 @@ class CISPO(GRPO):
 
     ``eps_clip`` is the paper's eps_low (the paper sets it large, so that in effect only the upper
     bound acts) and ``eps_clip_high`` its eps_high (default: ``eps_clip``). Unlike PPO's clip, a
-    clipped token keeps its gradient: only its weight is bounded. ``CISPOUpstream`` keeps the rule of
-    the upstream project."""
+    clipped token keeps its gradient: only its weight is bounded. ``cispo_rule="upstream"`` keeps the
+    rule of the upstream project, to reproduce its numbers."""
 
     name = "cispo"
     paper = "MiniMax-M1 (arXiv:2506.13585)"
     hyperparameters = tuple(h for h in GRPO.hyperparameters if h != "eps_clip_c")
 
+    @attrs.frozen(kw_only=True)
+    class Config(GRPO.Config):
+        """GRPO's hyper-parameters and the weight rule."""
+
+        cispo_rule: str = attrs.field(default="paper", metadata=flag(
+            "CISPO's token weight: paper = clip(r, 1 - eps_clip, 1 + eps_clip_high) on every token "
+            "(MiniMax-M1); upstream = the upstream project's min(r, 1 + eps_clip_high) for A >= 0 but "
+            "max(r, 1 - eps_clip) for A < 0 (a negative-advantage token keeps any large ratio)",
+            group="algorithm", check=OneOf(CISPO_RULES)))
+
     def importance_weight(self, ratio: torch.Tensor, advantages: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``ratio`` (no gradient) -> ``(weight, clipped)``: the paper's two-sided clip on every token."""
+        """``ratio`` (no gradient) -> ``(weight, clipped)`` under ``cispo_rule``."""
         c = self.config
+        if c.cispo_rule == "upstream":
+            positive = advantages >= 0
+            weight = torch.where(positive, ratio.clamp(max=1.0 + c.eps_clip_high), ratio.clamp(min=1.0 - c.eps_clip))
+            clipped = (positive & (ratio > 1.0 + c.eps_clip_high)) | (~positive & (ratio < 1.0 - c.eps_clip))
+            return weight, clipped
         low, high = 1.0 - c.eps_clip, 1.0 + c.eps_clip_high
         return ratio.clamp(low, high), (ratio < low) | (ratio > high)
 
     def surrogate(self, log_probs, log_ratio, advantages, mask):
         weight, clipped = self.importance_weight(torch.exp(log_ratio).detach(), advantages)
         return -weight * advantages * log_probs, {"pg_clipfrac": clipped}, {}
-
-
-class CISPOUpstream(CISPO):
-    """CISPO with the upstream project's weight: ``min(r, 1 + eps_clip_high)`` where ``A >= 0`` but
-    ``max(r, 1 - eps_clip)`` where ``A < 0``, so a negative-advantage token keeps any large ratio as its
-    weight (and its gradient grows with it). Kept so that upstream numbers can be reproduced."""
-
-    name = "cispo_upstream"
-
-    def importance_weight(self, ratio, advantages):
-        c = self.config
-        positive = advantages >= 0
-        weight = torch.where(positive, ratio.clamp(max=1.0 + c.eps_clip_high), ratio.clamp(min=1.0 - c.eps_clip))
-        clipped = (positive & (ratio > 1.0 + c.eps_clip_high)) | (~positive & (ratio < 1.0 - c.eps_clip))
-        return weight, clipped

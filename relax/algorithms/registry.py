@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from relax.algorithms.base import RLAlgorithm
 from relax.algorithms.gdpo import GDPO
-from relax.algorithms.grpo import CISPO, CISPOUpstream, GRPO, GSPO, SAPO
+from relax.algorithms.grpo import CISPO, GRPO, GSPO, SAPO
 from relax.algorithms.m2po import M2PO
 from relax.algorithms.ppo import PPO
 from relax.algorithms.reinforce import ReinforcePlusPlus, ReinforcePlusPlusBaseline
@@ -21,7 +21,6 @@ BUILTIN_ALGORITHMS: tuple[type[RLAlgorithm], ...] = (
     GSPO,
     SAPO,
     CISPO,
-    CISPOUpstream,
     RLOO,
     ReinforcePlusPlus,
     ReinforcePlusPlusBaseline,

@@ -1,4 +1,4 @@
-"""CISPO by the paper, and the upstream rule kept as ``cispo_upstream``.
+"""CISPO by the paper, and the upstream rule kept as ``--cispo-rule upstream``.
 
 MiniMax-M1 (arXiv:2506.13585, eq. 4-5) weighs every token by ``sg(clip(r, 1 - eps_low, 1 + eps_high))``
 whatever the sign of the advantage. The upstream project capped only positive-advantage tokens; its
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from relax.algorithms import AlgorithmConfig, PolicyLossInputs, get_algorithm
-from relax.algorithms.grpo import CISPO, CISPOUpstream
+from relax.algorithms.grpo import CISPO
 
 UPSTREAM_PER_TOKEN = [
     '-0x1.d245f60000000p+3', '-0x1.9973f20000000p-1', '-0x1.bc32500000000p-2', '-0x1.3181bc0000000p+1',
@@ -61,11 +61,12 @@ def _hex(t: torch.Tensor) -> list[str]:
 
 
 CONFIG = AlgorithmConfig(eps_clip=0.2, eps_clip_high=0.28)
+UPSTREAM = CISPO.Config(eps_clip=0.2, eps_clip_high=0.28, cispo_rule="upstream")
 
 
 def test_cispo_upstream_reproduces_the_previous_rule_bit_for_bit():
     logp, old, adv, mask = _pinned_inputs()
-    algo = get_algorithm("cispo_upstream")(CONFIG)
+    algo = get_algorithm("cispo")(UPSTREAM)
     lp = logp.clone().requires_grad_(True)
     per_token, flags, _ = algo.surrogate(lp, lp.detach() - old, adv, mask)
     (per_token * mask).sum().backward()
@@ -127,8 +128,8 @@ def test_negative_advantage_with_a_huge_ratio_gets_exactly_one_plus_eps_high():
     torch.testing.assert_close(lp.grad, torch.full((1, 3), 1.28 * 1.5 / 3), rtol=0, atol=1e-6)
     # the upstream rule keeps the whole ratio: the gradient grows with it
     lp = logp.clone().requires_grad_(True)
-    CISPOUpstream(CONFIG).policy_loss(PolicyLossInputs(log_probs=lp, old_log_probs=old, advantages=adv,
-                                                       response_mask=mask)).loss.backward()
+    CISPO(UPSTREAM).policy_loss(PolicyLossInputs(log_probs=lp, old_log_probs=old, advantages=adv,
+                                               response_mask=mask)).loss.backward()
     torch.testing.assert_close(lp.grad, ratio * 1.5 / 3, rtol=1e-6, atol=0)
     assert float(lp.grad.max()) > 100 * 1.28 * 1.5 / 3
 
@@ -143,9 +144,10 @@ def test_eps_low_defaults_to_eps_clip_and_eps_high_to_eps_clip():
     assert weight.tolist() == pytest.approx([0.5, 0.95, 1.28])
 
 
-def test_the_upstream_variant_is_registered_and_reads_the_same_flags():
-    cls = get_algorithm("cispo_upstream")
-    assert cls is CISPOUpstream and issubclass(cls, CISPO)
-    assert cls.hyperparameters == CISPO.hyperparameters
-    assert "eps_clip" in cls.hyperparameters and "eps_clip_high" in cls.hyperparameters
-    assert "eps_clip_c" not in cls.hyperparameters
+def test_the_rule_is_a_hyperparameter_of_cispo_with_the_paper_as_default():
+    assert CISPO(CONFIG).config.cispo_rule == "paper"
+    assert "cispo_rule" in CISPO.hyperparameters
+    assert "eps_clip" in CISPO.hyperparameters and "eps_clip_high" in CISPO.hyperparameters
+    assert "eps_clip_c" not in CISPO.hyperparameters
+    with pytest.raises(ValueError, match="cispo_rule must be one of paper, upstream"):
+        CISPO(CISPO.Config(cispo_rule="pape"))

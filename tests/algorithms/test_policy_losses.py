@@ -304,21 +304,21 @@ def test_sapo_gradient_on_policy_equals_the_plain_policy_gradient():
 
 # eps 0.2, eps_high 0.28. row 0 (A = +1): d = (0.3, -0.5); row 1 (A = -2): d = (0.3, 0, -0.25).
 # cispo (the paper): clip(r, 0.8, 1.28) on every token -> (1.28, 0.8), (1.28, 1, 0.8).
-# cispo_upstream: min(r, 1.28) for A >= 0, max(r, 0.8) for A < 0 -> (1.28, 0.606531), (1.349859, 1, 0.8).
+# --cispo-rule upstream: min(r, 1.28) for A >= 0, max(r, 0.8) for A < 0 -> (1.28, 0.606531), (1.349859, 1, 0.8).
 CISPO_WEIGHTS = {
-    "cispo": ([[1.28, 0.8], [1.28, 1.0, 0.8]], [1.28, 1.6], [-1.28, -3.0, -4.8], [[1.0, 1.0], [1.0, 0.0, 1.0]]),
-    "cispo_upstream": ([[1.28, math.exp(-0.5)], [math.exp(0.3), 1.0, 0.8]], [1.28, 1.213061],
+    "paper": ([[1.28, 0.8], [1.28, 1.0, 0.8]], [1.28, 1.6], [-1.28, -3.0, -4.8], [[1.0, 1.0], [1.0, 0.0, 1.0]]),
+    "upstream": ([[1.28, math.exp(-0.5)], [math.exp(0.3), 1.0, 0.8]], [1.28, 1.213061],
                        [-1.349859, -3.0, -4.8], [[1.0, 0.0], [0.0, 0.0, 1.0]]),
 }
 
 
-@pytest.mark.parametrize("name", sorted(CISPO_WEIGHTS))
+@pytest.mark.parametrize("rule", sorted(CISPO_WEIGHTS))
 @pytest.mark.parametrize("mode", MODES)
-def test_cispo_value_and_gradient(mode, name):
-    w, row0, row1, clipped = CISPO_WEIGHTS[name]
+def test_cispo_value_and_gradient(mode, rule):
+    w, row0, row1, clipped = CISPO_WEIGHTS[rule]
     delta = [[0.3, -0.5, 0.0], [0.3, 0.0, -0.25]]
     inputs, logp = batch(delta=delta, requires_grad=True)
-    out = make(name, eps_clip_high=0.28, loss_aggregation=mode).policy_loss(inputs)
+    out = make("cispo", eps_clip_high=0.28, loss_aggregation=mode, cispo_rule=rule).policy_loss(inputs)
     a = rows(ADV)
     lp = rows(LOG_PROBS)
     per_token = [[-w[i][t] * a[i][t] * lp[i][t] for t in range(len(w[i]))] for i in range(2)]

@@ -25,7 +25,7 @@ from relax.algorithms import (
 from relax.algorithms.base import AlgorithmMeta
 
 EXPECTED_NAMES = {
-    "grpo", "gspo", "sapo", "cispo", "cispo_upstream", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline",
+    "grpo", "gspo", "sapo", "cispo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline",
     "ppo", "m2po", "gdpo",
 }
 

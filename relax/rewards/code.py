@@ -31,6 +31,7 @@ from typing import Any
 from relax.rewards.sandbox import SandboxLimits, default_interpreter, run_sandboxed
 
 REWARD_KEYS = ("passed", "runs")
+DEFAULT_LIMITS = SandboxLimits()
 
 _BLOCK_RE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
 
@@ -90,8 +91,8 @@ def _same_output(got: str, expected: str) -> bool:
 def _run_statement_tests(program: str, tests: list[str], interpreter: str, limits: SandboxLimits):
     files = {"solution.py": program, "tests.json": json.dumps(tests), "harness.py": _HARNESS}
     # The verdicts go to the sandbox's stdout, moved to fd 3; the program's own prints go to stderr.
-    argv = [interpreter, "-I", "-S", "-c", "import os; os.dup2(1, 3); os.dup2(2, 1); "
-            "exec(open('harness.py').read())"]
+    boot = "import os; os.dup2(1, 3); os.dup2(2, 1); exec(open('harness.py').read())"
+    argv = [interpreter, "-I", "-S", "-c", boot]
     result = run_sandboxed(files, argv, limits)
     program_ok, passed = False, set()
     for line in result.stdout.splitlines():
@@ -118,7 +119,7 @@ def _run_io_tests(program: str, tests: list[Mapping], interpreter: str, limits: 
     return runs, passed
 
 
-def run_tests(program: str, tests: Sequence, *, limits: SandboxLimits = SandboxLimits(),
+def run_tests(program: str, tests: Sequence, *, limits: SandboxLimits = DEFAULT_LIMITS,
               interpreter: str | None = None) -> dict[str, float]:
     """``{"passed": share of tests passed, "runs": 1.0 if the program ran without error}``."""
     tests = _check_tests(tests)
@@ -135,7 +136,7 @@ def run_tests(program: str, tests: Sequence, *, limits: SandboxLimits = SandboxL
     return {"passed": passed / len(tests) if tests else float(runs), "runs": float(runs)}
 
 
-def make_score(*, limits: SandboxLimits = SandboxLimits(), interpreter: str | None = None):
+def make_score(*, limits: SandboxLimits = DEFAULT_LIMITS, interpreter: str | None = None):
     """A ``score`` with other sandbox limits, e.g. ``make_score(limits=SandboxLimits(cpu_seconds=2))``."""
 
     def score(prompt: str, completion: str, label: Any, metadata: Mapping) -> dict[str, float]:

@@ -109,10 +109,11 @@ def _kill_group(proc: subprocess.Popen) -> None:
         pass
 
 
-def run_sandboxed(files: Mapping[str, str], argv: Sequence[str], limits: SandboxLimits = SandboxLimits(),
+def run_sandboxed(files: Mapping[str, str], argv: Sequence[str], limits: SandboxLimits | None = None,
                   stdin: str = "") -> SandboxResult:
     """Run ``argv`` (``argv[0]`` an absolute executable path) in a new scratch directory holding
     ``files`` (name -> text), isolated and limited as described in the module docstring."""
+    limits = limits or SandboxLimits()
     if not sys.platform.startswith("linux"):
         raise SandboxError(f"the code sandbox needs Linux namespaces; this is {sys.platform}")
     as_root = os.geteuid() == 0

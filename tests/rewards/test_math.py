@@ -8,8 +8,9 @@ import pytest
 
 pytest.importorskip("math_verify", reason="the rewards extra (math-verify) is not installed")
 
-from relax.rewards import math as math_rewards  # noqa: E402
-from relax.rollout.rewards import load_reward_function, score as score_batch  # noqa: E402
+from relax.rewards import math as math_rewards
+from relax.rollout.rewards import load_reward_function
+from relax.rollout.rewards import score as score_batch
 
 CORRECT = [
     (r"The answer is $\boxed{\frac{1}{2}}$.", "0.5"),

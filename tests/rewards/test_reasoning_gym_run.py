@@ -11,11 +11,11 @@ import pytest
 pytest.importorskip("reasoning_gym", reason="the rewards extra (reasoning-gym) is not installed")
 pytest.importorskip("transformers", reason="the hf extra (transformers) is not installed")
 
-from tiny_answer_model import build_answer_checkpoint  # noqa: E402
+from tiny_answer_model import build_answer_checkpoint
 
-from relax.algorithms import AlgorithmConfig  # noqa: E402
-from relax.config.run import RunConfig  # noqa: E402
-from relax.rollout.tasks import reasoning_gym  # noqa: E402
+from relax.algorithms import AlgorithmConfig
+from relax.config.run import RunConfig
+from relax.rollout.tasks import reasoning_gym
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.filterwarnings("ignore")]
 

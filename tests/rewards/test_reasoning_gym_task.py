@@ -7,9 +7,9 @@ import pytest
 
 pytest.importorskip("reasoning_gym", reason="the rewards extra (reasoning-gym) is not installed")
 
-from relax.config.run import RunConfig  # noqa: E402
-from relax.rollout import factory  # noqa: E402
-from relax.rollout.tasks import get_task, reasoning_gym  # noqa: E402
+from relax.config.run import RunConfig
+from relax.rollout import factory
+from relax.rollout.tasks import get_task, reasoning_gym
 
 TASK = "reasoning-gym:chain_sum"
 

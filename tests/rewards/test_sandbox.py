@@ -106,7 +106,8 @@ def test_limits_are_checked():
 
 
 def test_as_custom_rm_path_in_reward_threads():
-    from relax.rollout.rewards import load_reward_function, score as score_batch
+    from relax.rollout.rewards import load_reward_function
+    from relax.rollout.rewards import score as score_batch
 
     fn = load_reward_function("relax.rewards.code:score")
     wrong = ADD.replace("a + b", "a - b")

@@ -71,6 +71,8 @@ def _coerce(action: argparse.Action, key: str, value: Any, as_switch: bool) -> A
         else:
             items = list(value) if isinstance(value, (list, tuple)) else [value]
         if not items and action.nargs == "+":
+            if action.default in ((), []):  # an empty default, as the effective configuration writes it
+                return action.default
             raise ConfigFileError(f"key {key!r} needs at least one value")
         return [_convert(action, key, item) for item in items]
     if isinstance(value, (list, tuple)):

@@ -2,14 +2,17 @@
 ``relax.runtime.validation`` (so ``relax train`` and ``run(config)`` refuse the same things, before
 Ray starts). The evaluation itself is ``relax.runtime.evaluation``.
 
-Errors: a value out of range (a ``RunConfig`` built in Python skips the CLI's parsers), a missing or
-unreadable ``--eval-prompt-data``, records without the evaluation keys. Warnings: an evaluation flag
+Errors: a missing or unreadable ``--eval-prompt-data``, records without the evaluation keys (a value
+out of range breaks its field's rule, which ``relax.runtime.validation`` checks for every field). Warnings: an evaluation flag
 that changes nothing (no evaluation set), several greedy samples per prompt (identical).
 """
 
 from __future__ import annotations
 
-import math
+import attrs
+
+from relax.config.fields import flag_name
+from relax.config.run import RunConfig
 
 # How many records without a key a message lists.
 LISTED = 5
@@ -17,27 +20,6 @@ LISTED = 5
 _EVAL_FLAGS = ("eval_input_key", "eval_label_key", "eval_metadata_key", "eval_interval",
                "eval_n_samples_per_prompt", "eval_temperature", "eval_top_p", "eval_max_response_len",
                "eval_pass_threshold")
-
-
-def _ranges(config, errors):
-    def bad(flag, value, rule):
-        errors.append(f"argument {flag}: {value!r} is out of range; it must be {rule}")
-
-    if config.eval_interval is not None and not (isinstance(config.eval_interval, int) and config.eval_interval >= 1):
-        bad("--eval-interval", config.eval_interval, "a positive number of steps (omit it to evaluate only "
-            "before and after training)")
-    if not (isinstance(config.eval_n_samples_per_prompt, int) and config.eval_n_samples_per_prompt >= 1):
-        bad("--eval-n-samples-per-prompt", config.eval_n_samples_per_prompt, "an integer >= 1")
-    if not (isinstance(config.eval_temperature, (int, float)) and math.isfinite(config.eval_temperature)
-            and config.eval_temperature >= 0):
-        bad("--eval-temperature", config.eval_temperature, ">= 0 (0 = greedy)")
-    if not (isinstance(config.eval_top_p, (int, float)) and 0 < config.eval_top_p <= 1):
-        bad("--eval-top-p", config.eval_top_p, "in (0, 1]")
-    if config.eval_max_response_len is not None and not (
-            isinstance(config.eval_max_response_len, int) and config.eval_max_response_len >= 1):
-        bad("--eval-max-response-len", config.eval_max_response_len, "a positive number of tokens")
-    if not (isinstance(config.eval_pass_threshold, (int, float)) and math.isfinite(config.eval_pass_threshold)):
-        bad("--eval-pass-threshold", config.eval_pass_threshold, "a finite number")
 
 
 def _records(config, errors):
@@ -72,11 +54,10 @@ def _records(config, errors):
             )
 
 
-def check_evaluation(config, algorithm, who, errors, warnings):
+def check_evaluation(config: RunConfig, algorithm, who, errors, warnings):
     """The evaluation flags (see the module docstring)."""
     from relax.rollout.factory import evaluation_source
 
-    _ranges(config, errors)
     if config.eval_prompt_data and config.evaluate:
         _records(config, errors)
     try:
@@ -87,13 +68,12 @@ def check_evaluation(config, algorithm, who, errors, warnings):
         why = ("--no-eval" if not config.evaluate else
                "no evaluation set: give --eval-prompt-data (the built-in task's held-out problems are the "
                "default only without --prompt-data, --hf-checkpoint and --custom-rm-path)")
-        from relax.config.run import RunConfig
-
         defaults = RunConfig()
         changed = [name for name in _EVAL_FLAGS if getattr(config, name) != getattr(defaults, name)]
         changed += ["eval_prompt_data"] if config.eval_prompt_data else []
-        flags = [f"--{name.replace('_', '-')}" for name in changed]
-        flags += ["--no-eval-before-train"] if not config.eval_before_train else []
+        fields = attrs.fields_dict(RunConfig)
+        flags = [flag_name(fields[name]) for name in changed]
+        flags += [flag_name(fields["eval_before_train"])] if not config.eval_before_train else []
         for flag in flags:
             warnings.append(f"{flag} has no effect: {why}")
         return
@@ -105,4 +85,4 @@ def check_evaluation(config, algorithm, who, errors, warnings):
     if source != "file":
         for name in ("eval_input_key", "eval_label_key", "eval_metadata_key"):
             if getattr(config, name) is not None:
-                warnings.append(f"--{name.replace('_', '-')} has no effect without --eval-prompt-data")
+                warnings.append(f"{flag_name(attrs.fields_dict(RunConfig)[name])} has no effect without --eval-prompt-data")

@@ -20,7 +20,7 @@ import torch
 
 from relax.algorithms.base import RLAlgorithm
 from relax.backends.registry import config_errors as backend_config_errors
-from relax.config.fields import flag_name
+from relax.config.fields import field_problems, flag_name
 from relax.config.run import RunConfig
 from relax.runtime.batch_shape import batch_shape, check_batch
 from relax.runtime.eval_rules import check_evaluation
@@ -58,6 +58,14 @@ def resolve_batch_shape(config: RunConfig, algorithm: type[RLAlgorithm]) -> RunC
 
 
 # -- the rules -----------------------------------------------------------------------------------
+
+
+def _check_field_rules(config, algorithm, who, errors, warnings):
+    """Each ``RunConfig`` field's own rule (``relax.config.fields``): what the flag's parser enforces
+    on the command line, for a ``RunConfig`` built in Python (the hyper-parameters' ``Config`` checks
+    its rules when it is built)."""
+    for field, value, problem in field_problems(config):
+        errors.append(f"argument {flag_name(field)}: {value!r} is out of range; it {problem}")
 
 
 def _check_kl(config, algorithm, who, errors, warnings):
@@ -261,7 +269,7 @@ def _check_logging(config, algorithm, who, errors, warnings):
     if not config.use_wandb:
         for name in ("wandb_project", "wandb_group", "wandb_run_name"):
             if getattr(config, name) != getattr(defaults, name):
-                warnings.append(f"--{name.replace('_', '-')} has no effect without --use-wandb")
+                warnings.append(f"{flag_name(attrs.fields_dict(RunConfig)[name])} has no effect without --use-wandb")
     if config.progress and config.log_interval != defaults.log_interval:
         warnings.append("--log-interval has no effect without --no-progress (the progress bar shows every step)")
 
@@ -329,6 +337,7 @@ def _check_seed(config, algorithm, who, errors, warnings):
 
 
 RULES = (
+    _check_field_rules,
     _check_seed,
     _check_kl,
     _check_normalization,

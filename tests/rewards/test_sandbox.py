@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
+import shlex
+import shutil
+import subprocess
 import sys
+import tempfile
 import uuid
 from pathlib import Path
 
@@ -114,3 +119,37 @@ def test_as_custom_rm_path_in_reward_threads():
     matrix = score_batch(fn, ["p"] * 3, [ADD, wrong, "no code"], [None] * 3, [TESTS] * 3, ("passed", "runs"),
                          concurrency=3)
     assert matrix.tolist() == [[1.0, 1.0], [0.5, 1.0], [0.0, 0.0]]
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("su") or not os.path.exists("/usr/bin/python3"),
+                    reason="needs root and su to start the sandbox as an unprivileged user")
+def test_the_unprivileged_path_isolates_through_a_user_namespace():
+    # relax started by a normal user: the boot program maps that user to root in a user namespace
+    # (no switch to nobody), and network and file-system isolation are the same.
+    from relax.rewards.sandbox import BOOT
+
+    scratch = tempfile.mkdtemp(prefix="relax-sandbox-user-", dir="/tmp")
+    target = f"/tmp/relax-sandbox-escape-{uuid.uuid4().hex}"
+    try:
+        Path(scratch, "main.py").write_text(
+            "import os, socket\nprint(os.getuid())\nopen('ok', 'w').write('x')\n"
+            f"try:\n    open({target!r}, 'w')\nexcept OSError as e:\n    print(e.strerror)\n"
+            "try:\n    socket.create_connection(('127.0.0.1', 22), timeout=1)\nexcept OSError as e:\n"
+            "    print(e.strerror)\n")
+        for path in (scratch, os.path.join(scratch, "main.py")):
+            os.chown(path, 65534, 65534)
+        config = json.dumps({"scratch": scratch, "argv": ["/usr/bin/python3", "-I", "-S", "main.py"],
+                             "uid": 65534, "gid": 65534, "cpu_seconds": 5, "memory_bytes": 1 << 30,
+                             "file_bytes": 1 << 20, "processes": 64})
+        command = f"/usr/bin/python3 -I -S {shlex.quote(str(BOOT))} {shlex.quote(config)}"
+        proc = subprocess.run(["su", "nobody", "-s", "/bin/sh", "-c", command], cwd=scratch,
+                              capture_output=True, text=True, timeout=60)
+        if proc.returncode == 120 and "relax sandbox:" in proc.stderr:
+            pytest.skip(f"no unprivileged user namespaces here: {proc.stderr.strip()}")
+        if not os.access(str(BOOT), os.R_OK) or "Permission denied" in proc.stderr:
+            pytest.skip(f"nobody cannot read the checkout: {proc.stderr.strip()[:200]}")
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.split("\n")[:3] == ["0", "Read-only file system", "Network is unreachable"]
+        assert Path(scratch, "ok").exists() and not Path(target).exists()
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)

@@ -163,3 +163,35 @@ def test_a_stop_string_ends_the_completion_and_stays_in_it(engine):
     assert stopped > 0
     free = engine.generate(ids, SamplingParams(max_new_tokens=12), generator=torch.Generator().manual_seed(3))
     assert free.batch.response_mask.sum() > gen.batch.response_mask.sum()
+
+
+def test_a_lora_payload_is_merged_into_the_checkpoint_weights(engine, qwen2_checkpoint):
+    """What a --lora-rank trainer sends: the adapter only. The engine loads W_base + (B @ A) * scaling,
+    always over the checkpoint's base weights, as ``merge_adapter`` does to a transformers model."""
+    import json
+
+    from relax.models.hf.lora import ADAPTER_CONFIG_KEY, merge_adapter
+
+    def payload(seed):
+        g = torch.Generator().manual_seed(seed)
+        out = {}
+        for layer in ("model.layers.0.self_attn.q_proj", "model.layers.1.mlp.down_proj"):
+            weight = load_hf_model(qwen2_checkpoint).get_submodule(layer).weight
+            out[f"{layer}.lora_A.weight"] = torch.randn(4, weight.shape[1], generator=g)
+            out[f"{layer}.lora_B.weight"] = torch.randn(weight.shape[0], 4, generator=g)
+        settings = {"r": 4, "lora_alpha": 8.0, "scaling": 2.0, "target_modules": ["q_proj", "down_proj"]}
+        out[ADAPTER_CONFIG_KEY] = torch.tensor(list(json.dumps(settings).encode()), dtype=torch.uint8)
+        return out
+
+    params = SamplingParams(max_new_tokens=8)
+    ids = prompt_ids(engine)
+    reference = load_hf_model(qwen2_checkpoint)
+    try:
+        for seed in (0, 1):  # the second merge starts from the base again, not from the first merge
+            engine.load_weights(payload(seed))
+            merge_adapter(reference, payload(seed))
+            gen = engine.generate(ids, params, generator=torch.Generator().manual_seed(4))
+            diff = (gen.log_probs.double() - reference_log_probs(reference, gen)).abs()[gen.batch.response_mask]
+            assert float(diff.max()) < 1e-4, seed
+    finally:
+        engine.load_weights(load_hf_model(qwen2_checkpoint).state_dict())

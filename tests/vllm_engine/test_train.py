@@ -67,7 +67,7 @@ def test_gdpo_trains_with_the_vllm_engine_holding_the_trainers_weights(run_in_cl
     from relax.models.hf.tiny_random import build_tiny_random_checkpoint
 
     ckpt = build_tiny_random_checkpoint(tmp_path / "tiny-qwen2", "qwen2")
-    config = _config(ckpt, tmp_path)
+    config = _config(ckpt, tmp_path, max_prompt_len=64)  # the engine then reserves 64 + 8 tokens per sequence
     summary = run_in_cluster(config)
     rows = _check_run(Path(config.output_dir), 4)
     # the policy really moved (a stale engine would then be far off), and the vLLM engine evaluated it
@@ -84,3 +84,20 @@ def summary_weights(out: Path) -> dict[str, torch.Tensor]:
     from relax.runtime.checkpoints import checkpoint_path
 
     return torch.load(checkpoint_path(out, 4), weights_only=False)["actor"]["backend"]["model"]
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_two_vllm_rollout_workers_in_a_fully_async_run(run_in_cluster, tmp_path):
+    """Each of two rollout workers holds its own vLLM engine, and each gets every new policy. With
+    --max-staleness 0 every step samples with the policy the trainer holds, so the mismatch stays at
+    float rounding; with a larger bound it also measures the policy lag (docs/en/rollout-engines.md)."""
+    from relax.models.hf.tiny_random import build_tiny_random_checkpoint
+
+    ckpt = build_tiny_random_checkpoint(tmp_path / "tiny-qwen2", "qwen2", seed=1)
+    config = _config(ckpt, tmp_path, rollout_num_workers=2, fully_async=True, max_staleness=0,
+                     eval_prompt_data=None)
+    run_in_cluster(config)
+    rows = _check_run(Path(config.output_dir), 4)
+    assert [r["async/policy_version"] for r in rows if "async/policy_version" in r] == [0, 1, 2, 3]

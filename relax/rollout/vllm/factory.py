@@ -85,10 +85,15 @@ def build_llm(path: str, *, seed: int, with_tokenizer: bool = False, max_model_l
 def vllm_engine_from_config(config):
     """The rollout engine for ``--rollout-engine vllm``; its ``.tokenizer`` encodes the prompts."""
     from relax.models.hf.loading import check_checkpoint_dir, load_hf_tokenizer
+    from relax.rollout.environments import is_multi_turn
     from relax.rollout.vllm.engine import VLLMEngine
     from relax.rollout.vllm.lora import checkpoint_weights_reader
 
     path = check_checkpoint_dir(config.hf_checkpoint)
     tokenizer = load_hf_tokenizer(path)
-    llm = build_llm(str(path), seed=config.seed, with_tokenizer=bool(config.rollout_stop))
+    # The longest sequence a single-turn run can make, when the prompts are capped (the cap counts the
+    # formatted prompt): less KV cache to reserve. Otherwise the checkpoint's own context length.
+    longest = (config.max_prompt_len + max(config.rollout_max_response_len, config.eval_max_response_len or 0)
+               if config.max_prompt_len and not is_multi_turn(config) else None)
+    llm = build_llm(str(path), seed=config.seed, with_tokenizer=bool(config.rollout_stop), max_model_len=longest)
     return VLLMEngine(llm, tokenizer, base_weights=checkpoint_weights_reader(path))

@@ -69,6 +69,7 @@ def build_checkpoint(
 ) -> Path:
     """Write a random ``family`` model + the tiny tokenizer to ``directory`` (``save_pretrained``)."""
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as transformers_logging
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -82,5 +83,6 @@ def build_checkpoint(
         for name, p in model.named_parameters():
             if p.dim() == 2:
                 p.normal_(0.0, 0.2)
+    transformers_logging.disable_progress_bar()  # no "Writing model shards" bar (run_cpu.sh prints this)
     model.save_pretrained(str(directory))
     return directory

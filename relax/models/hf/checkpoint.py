@@ -34,6 +34,9 @@ def save_hf_checkpoint(
         raise TypeError(f"{type(model).__name__} is not a transformers model (no save_pretrained)")
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()  # no "Writing model shards" bars in a run's output
     model.save_pretrained(str(out), safe_serialization=True)
     if tokenizer is None:
         tokenizer = load_hf_tokenizer(tokenizer_source)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -44,7 +45,11 @@ def wrap_with_lora(model: torch.nn.Module, *, rank: int, alpha: float, dropout: 
     targets = ALL_LINEAR if tuple(target_modules) == (ALL_LINEAR,) else list(target_modules)
     config = peft.LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets, bias="none")
     try:
-        return peft.get_peft_model(model, config)
+        with warnings.catch_warnings():
+            # peft reads transformers' deprecated `is_gradient_checkpointing`: news for peft, not for a user
+            warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated",
+                                    category=FutureWarning)
+            return peft.get_peft_model(model, config)
     except ValueError as exc:
         raise ValueError(f"--lora-target-modules {' '.join(target_modules)}: {exc}") from exc
 

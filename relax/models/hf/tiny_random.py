@@ -88,6 +88,7 @@ def build_tiny_random_checkpoint(
 ) -> Path:
     """Write tokenizer + random model to ``directory`` with ``save_pretrained``; return the path."""
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as transformers_logging
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -99,6 +100,7 @@ def build_tiny_random_checkpoint(
     )
     # Chat models stop on <|im_end|> as well as <eos> (as Qwen's generation_config.json lists both).
     model.generation_config.eos_token_id = [2, tok.convert_tokens_to_ids("<|im_end|>")]
+    transformers_logging.disable_progress_bar()  # no "Writing model shards" bar for a one-file model
     model.save_pretrained(str(directory))
     return directory
 

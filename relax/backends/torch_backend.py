@@ -28,6 +28,7 @@ from torch import nn
 
 from relax.backends import optim
 from relax.backends.base import LossFn, TrainingBackend
+from relax.config.run import RunConfig
 from relax.models.batch import (
     ForwardLogits,
     TokenBatch,
@@ -43,7 +44,7 @@ _LORA_DEFAULTS = {"lora_alpha": ("--lora-alpha", 16.0), "lora_dropout": ("--lora
                   "lora_target_modules": ("--lora-target-modules", ("all-linear",))}
 
 
-def lora_config_errors(config) -> list[str]:
+def lora_config_errors(config: RunConfig) -> list[str]:
     """``--lora-*`` checks: the adapter flags need ``--lora-rank``, which needs ``--hf-checkpoint`` and peft."""
     if not config.lora_rank:
         return [f"{name} has no effect without --lora-rank" for field, (name, default) in _LORA_DEFAULTS.items()
@@ -68,7 +69,7 @@ def enable_recompute(model: nn.Module) -> None:
         raise TypeError(f"--recompute-activations: {type(target).__name__} has no gradient_checkpointing_enable()")
 
 
-def _options(config, schedule: optim.LRSchedule) -> dict:
+def _options(config: RunConfig, schedule: optim.LRSchedule) -> dict:
     """The constructor's optimizer / precision options from a ``RunConfig``."""
     return dict(lr=schedule.peak, schedule=schedule, weight_decay=config.weight_decay, bf16=config.bf16,
                 **optim.adam_kwargs(config))
@@ -95,7 +96,7 @@ class TorchBackend(TrainingBackend):
     supports_critic = True
 
     @classmethod
-    def config_errors(cls, config) -> list[str]:
+    def config_errors(cls, config: RunConfig) -> list[str]:
         """What a ``RunConfig`` asks of ``--backend torch`` that it cannot do."""
         errors = optim.config_errors(config) + lora_config_errors(config)
         tp, pp = config.tensor_model_parallel_size, config.pipeline_model_parallel_size

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from relax.config.run import RunConfig
 from relax.models.batch import ForwardLogits, default_forward_logits
 
 
@@ -18,7 +19,7 @@ def default_device() -> torch.device:
     return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
 
 
-def build_policy_model(config, *, device=None, dtype=torch.float32) -> nn.Module:
+def build_policy_model(config: RunConfig, *, device=None, dtype=torch.float32) -> nn.Module:
     """The trainable policy, initialized exactly like the rollout engine's copy."""
     if config.hf_checkpoint:
         from relax.models.hf.loading import load_hf_model
@@ -29,7 +30,7 @@ def build_policy_model(config, *, device=None, dtype=torch.float32) -> nn.Module
     return load_warmup_model(_task_checkpoint(config))
 
 
-def build_reference_model(config, *, device=None, dtype=torch.float32) -> nn.Module:
+def build_reference_model(config: RunConfig, *, device=None, dtype=torch.float32) -> nn.Module:
     """The frozen reference policy: ``--ref-load`` if given, else the initial policy."""
     if config.hf_checkpoint:
         from relax.models.hf.loading import load_hf_model
@@ -44,14 +45,14 @@ def build_reference_model(config, *, device=None, dtype=torch.float32) -> nn.Mod
     return model.eval()
 
 
-def _task_checkpoint(config):
+def _task_checkpoint(config: RunConfig):
     """The built-in ``--task``'s own tiny checkpoint (``calculator``), else None: the shipped warm-up."""
     from relax.models.tiny.calculator import TASK_CHECKPOINTS
 
     return TASK_CHECKPOINTS.get(getattr(config, "task", None))
 
 
-def forward_logits_fn(config) -> ForwardLogits:
+def forward_logits_fn(config: RunConfig) -> ForwardLogits:
     if config.hf_checkpoint:
         from relax.models.hf.adapter import hf_forward_logits
 

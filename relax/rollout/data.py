@@ -31,6 +31,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from relax.config.run import RunConfig
 from relax.rollout.base import Prompt, Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -380,7 +381,7 @@ class PromptIterator:
         self._order = self._order_of(self.epoch)
 
 
-def prompt_dataset_from_config(config, tokenizer: Tokenizer) -> PromptDataset:
+def prompt_dataset_from_config(config: RunConfig, tokenizer: Tokenizer) -> PromptDataset:
     """``PromptDataset`` for a ``RunConfig`` with ``prompt_data`` set."""
     if not config.prompt_data:
         raise ValueError("prompt_dataset_from_config needs --prompt-data")
@@ -397,7 +398,7 @@ def prompt_dataset_from_config(config, tokenizer: Tokenizer) -> PromptDataset:
     )
 
 
-def eval_dataset_from_config(config, tokenizer: Tokenizer) -> PromptDataset:
+def eval_dataset_from_config(config: RunConfig, tokenizer: Tokenizer) -> PromptDataset:
     """``PromptDataset`` of ``--eval-prompt-data``: the keys default to the training ones, the prompt
     formatting (chat template, system prompt, suffix, length limit) is the training prompts'."""
     return PromptDataset(
@@ -414,6 +415,6 @@ def eval_dataset_from_config(config, tokenizer: Tokenizer) -> PromptDataset:
     )
 
 
-def prompt_iterator_from_config(config, tokenizer: Tokenizer) -> PromptIterator:
+def prompt_iterator_from_config(config: RunConfig, tokenizer: Tokenizer) -> PromptIterator:
     """The resumable prompt stream of ``relax train --prompt-data``, shuffled with ``--seed``."""
     return PromptIterator(prompt_dataset_from_config(config, tokenizer).prompts, seed=config.seed)

@@ -6,8 +6,10 @@ with ``--hf-checkpoint`` the transformers engine, with ``--prompt-data`` a file 
 
 from __future__ import annotations
 
+from relax.config.run import RunConfig
 
-def reward_setup(config):
+
+def reward_setup(config: RunConfig):
     """-> ``(reward_fn, reward_keys)``: ``--custom-rm-path`` if given, else the task's (with ``--reward-timeout``)."""
     from relax.rollout.rewards import load_reward_function, with_timeout
     from relax.rollout.tasks import get_task
@@ -20,7 +22,7 @@ def reward_setup(config):
     return with_timeout(fn, getattr(config, "reward_timeout", None)), keys  # --reward-timeout
 
 
-def build_engine(config):
+def build_engine(config: RunConfig):
     """The rollout's generation engine (it owns a copy of the policy weights): ``--rollout-engine``
     (``relax.rollout.engines``)."""
     from relax.rollout.engines import engine_name
@@ -38,7 +40,7 @@ def build_engine(config):
     return get_task(config.task).make_engine()
 
 
-def build_prompt_source(config, tokenizer):
+def build_prompt_source(config: RunConfig, tokenizer):
     """A resumable prompt source with ``next_batch(n)``, ``state_dict()`` and ``load_state_dict()``."""
     if config.prompt_data:
         from relax.rollout.data import prompt_iterator_from_config
@@ -52,7 +54,7 @@ def build_prompt_source(config, tokenizer):
     return task.make_prompts(config.seed)
 
 
-def evaluation_source(config) -> str | None:
+def evaluation_source(config: RunConfig) -> str | None:
     """What the run evaluates on: ``"file"`` (``--eval-prompt-data``), ``"held-out"`` (the built-in
     task's held-out problems, scored by the task's own reward: the default of the embedded default,
     i.e. no ``--hf-checkpoint``, ``--prompt-data`` or ``--custom-rm-path``), or None (no evaluation;
@@ -73,7 +75,7 @@ def evaluation_source(config) -> str | None:
     return "held-out" if task.held_out is not None else None
 
 
-def build_eval_prompts(config, tokenizer) -> list:
+def build_eval_prompts(config: RunConfig, tokenizer) -> list:
     """The evaluation prompts (``evaluation_source``), in a fixed order; [] without evaluation."""
     source = evaluation_source(config)
     if source == "file":

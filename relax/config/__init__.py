@@ -5,3 +5,9 @@ the hyper-parameters every method shares (``relax.config.algorithm``) and the fi
 Each setting is one attrs field that declares its flag and its rule once; every layer above imports
 the configuration type it reads. Standard library and attrs only.
 """
+
+from relax.config.algorithm import AlgorithmConfig
+from relax.config.fields import OneOf, Range, flag, flag_name
+from relax.config.run import RunConfig
+
+__all__ = ["AlgorithmConfig", "OneOf", "Range", "RunConfig", "flag", "flag_name"]

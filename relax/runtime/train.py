@@ -35,9 +35,9 @@ from relax.runtime.pipeline import Pipeline
 from relax.runtime.run_dir import lock_run_dir, run_of_checkpoint
 from relax.runtime.run_errors import nothing_trained, skipped_step_warning
 from relax.runtime.trackers import Trackers
+from relax.runtime.user_errors import report as report_failure
 from relax.runtime.validation import validate
 
-from relax.runtime.user_errors import report as report_failure
 
 @attrs.frozen
 class RunSummary:
@@ -160,6 +160,7 @@ def run(config) -> RunSummary:
     bar = None
     steps_run = 0
     steps_skipped = 0  # steps whose every prompt group was dropped (nothing trained)
+    step = None  # the step being collected: a failure names it
     try:
         runtime.start()
         if state is not None:
@@ -169,7 +170,6 @@ def run(config) -> RunSummary:
         log(f"relax: start-up {t_ready - t_start:.1f}s (" + ", ".join(
             f"{k} {v:.1f}" for k, v in runtime.startup_times.items()) + ")")
         from tqdm import tqdm
-    step = None  # the step being collected: a failure names it
 
         bar = tqdm(
             range(start_step, config.num_rollout), desc="train", unit="step", disable=not config.progress,
@@ -177,6 +177,8 @@ def run(config) -> RunSummary:
         )
         pipeline = Pipeline(runtime, start_step)
         evaluation = Evaluation(config, runtime)  # --eval-*: docs/en/evaluation.md
+        if state is not None:
+            evaluation.resume(metrics_log.rows)  # the original run's held-out "before"
         if evaluation.before_training(resuming=state is not None):
             row = {"step": start_step, **evaluation.run(start_step)}  # step 0: the initial policy
             metrics_log.write(row)
@@ -186,8 +188,6 @@ def run(config) -> RunSummary:
             step = index + 1
             final = step == config.num_rollout
             saving = saves_at(config, step)
-        if state is not None:
-            evaluation.resume(metrics_log.rows)  # the original run's held-out "before"
             row = pipeline.step(step, submit_through=submit_limit(config, step))
             if evaluation.due(step):  # version `step`: the weights this step trained
                 row.update(evaluation.run(step, pipeline.latest_weights))
@@ -234,11 +234,11 @@ def run(config) -> RunSummary:
         # the workers are still alive here: save before runtime.stop() (bounded)
         _save_on_interrupt(runtime, pipeline, metrics_log, trackers, out, steps_run, saved_step, bar)
         raise
+    except Exception as exc:
+        report_failure(exc, out, step)  # <out>/error.log; the user's frames for `relax train`'s error line
+        raise
     finally:
         trackers.close()
         if bar is not None:
             bar.close()
         runtime.stop()
-    except Exception as exc:
-        report_failure(exc, out, step)  # <out>/error.log; the user's frames for `relax train`'s error line
-        raise

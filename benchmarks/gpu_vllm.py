@@ -34,10 +34,10 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests" / "hf"))
 
-QWEN2_05B = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
-                 intermediate_size=4864, vocab_size=151936, tie_word_embeddings=True)
-SMOKE = dict(hidden_size=64, num_hidden_layers=1, num_attention_heads=1, num_key_value_heads=1,
-             intermediate_size=128, vocab_size=512, tie_word_embeddings=True)
+QWEN2_05B = {"hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
+                 "intermediate_size": 4864, "vocab_size": 151936, "tie_word_embeddings": True}
+SMOKE = {"hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 1, "num_key_value_heads": 1,
+             "intermediate_size": 128, "vocab_size": 512, "tie_word_embeddings": True}
 
 
 def build_checkpoint(directory: Path, **shape) -> Path:

@@ -9,7 +9,6 @@ The rules run before Ray starts (``relax.runtime.validation``), so a wrong choic
 
 from __future__ import annotations
 
-
 # Sampling settings only some engines implement: RunConfig field -> (flag, engines that honour it).
 ENGINE_SAMPLING_FLAGS = {
     "rollout_top_k": ("--rollout-top-k", ("vllm",)),

@@ -22,7 +22,7 @@ if not vllm_installed():
 prepare_process()  # before transformers or vLLM is imported: in-process engine, media packages checked
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hf"))
-from tiny_checkpoints import build_checkpoint  # noqa: E402
+from tiny_checkpoints import build_checkpoint
 
 
 def pytest_collection_modifyitems(config, items):

@@ -10,6 +10,7 @@ import json
 import shutil
 from pathlib import Path
 
+import attrs
 import pytest
 import torch
 
@@ -31,14 +32,14 @@ def _rows(out: Path) -> list[dict]:
 def _config(ckpt, tmp_path, **overrides) -> RunConfig:
     train = _write(tmp_path / "train.jsonl", [{"q": f"What is {i} + 3?", "a": i + 3} for i in range(16)])
     evals = _write(tmp_path / "eval.jsonl", [{"q": f"Add {i} and {i}.", "a": 2 * i} for i in range(3)])
-    settings = dict(
+    config = RunConfig(
         advantage_estimator="gdpo", algorithm=AlgorithmConfig(reward_keys=("digits", "stops"), n_samples_per_prompt=4),
         hf_checkpoint=str(ckpt), rollout_engine="vllm", prompt_data=train, input_key="q", label_key="a",
         custom_rm_path="toy_reward:reward", eval_prompt_data=evals, rollout_batch_size=4, num_steps_per_rollout=1,
         num_rollout=4, lr=1e-2, rollout_max_response_len=8, output_dir=str(tmp_path / "run"), progress=False,
+        max_sampling_rounds=3,  # refill a step whose groups carry no signal
     )
-    settings.update(overrides)
-    return RunConfig(**settings)
+    return attrs.evolve(config, **overrides)
 
 
 @pytest.fixture
@@ -51,10 +52,15 @@ def run_in_cluster(ray_cluster, monkeypatch):
 
 
 def _check_run(out: Path, steps: int) -> list[dict]:
-    rows = _rows(out)
-    training = [r for r in rows if "rollout/logprob_abs_diff" in r]
-    assert [r["step"] for r in training] == list(range(1, steps + 1))
-    for r in training:
+    """Every step that trained logs the mismatch, below 1e-3. A step trains nothing only when every
+    prompt group was dropped for lack of signal (the lr makes the random policy collapse fast); the
+    refill rounds make that rare, and at most one such step is accepted."""
+    rows = [r for r in _rows(out) if r["step"] > 0]
+    assert [r["step"] for r in rows] == list(range(1, steps + 1))
+    trained = [r for r in rows if not r.get("train/skipped")]
+    assert len(trained) >= steps - 1, rows
+    print("rollout/logprob_abs_diff by step:", {r["step"]: r["rollout/logprob_abs_diff"] for r in trained})
+    for r in trained:
         assert r["rollout/logprob_abs_diff"] < 1e-3, (r["step"], r["rollout/logprob_abs_diff"])
     return rows
 
@@ -69,12 +75,12 @@ def test_gdpo_trains_with_the_vllm_engine_holding_the_trainers_weights(run_in_cl
     ckpt = build_tiny_random_checkpoint(tmp_path / "tiny-qwen2", "qwen2")
     config = _config(ckpt, tmp_path, max_prompt_len=64)  # the engine then reserves 64 + 8 tokens per sequence
     summary = run_in_cluster(config)
-    rows = _check_run(Path(config.output_dir), 4)
+    _check_run(Path(config.output_dir), 4)
     # the policy really moved (a stale engine would then be far off), and the vLLM engine evaluated it
     start = load_hf_model(ckpt).state_dict()
     final = {k: v for k, v in summary_weights(Path(config.output_dir)).items() if k in start}
     assert max(float((final[k].float() - start[k].float()).abs().max()) for k in final) > 1e-2
-    evals = [r for r in rows if "eval/num_prompts" in r]
+    evals = [r for r in _rows(Path(config.output_dir)) if "eval/num_prompts" in r]  # before and after
     assert [r["eval/num_prompts"] for r in evals] == [3, 3]
     assert summary.eval_after["eval/policy_version"] == 4
 
@@ -100,4 +106,4 @@ def test_two_vllm_rollout_workers_in_a_fully_async_run(run_in_cluster, tmp_path)
                      eval_prompt_data=None)
     run_in_cluster(config)
     rows = _check_run(Path(config.output_dir), 4)
-    assert [r["async/policy_version"] for r in rows if "async/policy_version" in r] == [0, 1, 2, 3]
+    assert [r["async/policy_version"] for r in rows] == [0, 1, 2, 3]

@@ -54,11 +54,11 @@ def config_errors(config) -> list[str]:
     if architectures:
         unsupported = [a for a in architectures if a not in supported_architectures()]
         if unsupported:
-            return [
+            return [(
                 f"--rollout-engine vllm: vLLM cannot load --hf-checkpoint {config.hf_checkpoint} (architecture "
                 f"{', '.join(unsupported)} in its config.json is not in vLLM's model registry); use "
                 "--rollout-engine hf, which runs any transformers causal LM"
-            ]
+            )]
     return []
 
 

@@ -1,4 +1,5 @@
-"""Pre-flight: everything ``relax train`` can check before Ray or any worker starts (also in ``--dry-run``).
+"""Pre-flight: everything that can be checked before Ray or any worker starts, for ``relax train``
+(also in ``--dry-run``) and for ``relax.runtime.train.run(config)`` alike.
 
 ``validation.py`` checks the configuration against the method's capabilities; this module checks the
 things the configuration points at, by reusing the code the workers will run:
@@ -16,8 +17,10 @@ things the configuration points at, by reusing the code the workers will run:
   values go through the run's own checks (``relax.rollout.rewards.reward_matrix``);
 - ``--ray-address``: something answers at that address.
 
-Each problem raises ``PreflightError`` with one message naming the flag, file, line, sample or key.
-Nothing is created or written here.
+Each problem raises ``PreflightError`` (a ``ConfigError``) with one message naming the flag, file, line,
+sample or key. Nothing is created or written here. ``relax train`` runs it before it locks the output
+directory; ``run(config)`` runs it again only for a configuration this process has not checked
+(``preflight_once``), so a command line is checked once.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import threading
 import warnings as warnings_module
 
 from relax.config.run import RunConfig
+from relax.runtime.validation import ConfigError
 
 # How many prompts the reward function is called on, and how long pre-flight waits for those calls.
 REWARD_SAMPLES = 4
@@ -40,8 +44,14 @@ TOKENIZE_SAMPLES = 4
 WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin", "*.safetensors.index.json", "pytorch_model.bin.index.json")
 
 
-class PreflightError(ValueError):
+class PreflightError(ConfigError):
     """A problem found before any process starts (``relax train`` exits with status 2)."""
+
+    def __init__(self, message: str):
+        super().__init__([message])
+
+    def __reduce__(self):
+        return (type(self), (self.errors[0],))
 
 
 def _first_line(exc: BaseException) -> str:
@@ -413,7 +423,33 @@ def preflight(config: RunConfig, algorithm) -> list[str]:
         check_reward(config, prompts)
     check_hooks(config)
     check_ray(config)
+    _remember(config)
     return warnings
 
 
-__all__ = ["PreflightError", "preflight"]
+# The configurations that passed pre-flight in this process (``relax train`` checks before ``run``).
+_PASSED: set = set()
+
+
+def _remember(config: RunConfig) -> None:
+    try:
+        _PASSED.add(config)
+    except TypeError:  # an unhashable field value: run() checks it again
+        pass
+
+
+def was_checked(config: RunConfig) -> bool:
+    """Whether an equal configuration passed pre-flight in this process (``relax train`` printed its
+    warnings then)."""
+    try:
+        return config in _PASSED
+    except TypeError:
+        return False
+
+
+def preflight_once(config: RunConfig, algorithm) -> list[str]:
+    """``preflight``, unless this process already checked an equal configuration (then no warnings)."""
+    return [] if was_checked(config) else preflight(config, algorithm)
+
+
+__all__ = ["PreflightError", "preflight", "preflight_once", "was_checked"]

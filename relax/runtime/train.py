@@ -29,9 +29,11 @@ from relax.runtime.checkpoints import (
 from relax.runtime.cluster import Runtime
 from relax.config.run import output_dir_of
 from relax.runtime.console import log
+from relax.runtime.entry import entry_config
 from relax.runtime.evaluation import Evaluation
 from relax.runtime.metrics import MetricsLog, progress_line, summary_table
 from relax.runtime.pipeline import Pipeline
+from relax.runtime.preflight import preflight_once, was_checked
 from relax.runtime.run_dir import lock_run_dir, run_of_checkpoint
 from relax.runtime.run_errors import nothing_trained, skipped_step_warning
 from relax.runtime.trackers import Trackers
@@ -112,15 +114,22 @@ def _short(key: str) -> str:
 
 
 def run(config) -> RunSummary:
-    """Train with ``config`` (a ``RunConfig``); returns a ``RunSummary``."""
+    """Train with ``config`` (a ``RunConfig``); returns a ``RunSummary``. A mistake raises
+    ``ConfigError`` (``PreflightError`` for what the configuration points at) before anything starts;
+    an argument that is not a ``RunConfig`` raises ``TypeError``."""
     t_start = time.perf_counter()
+    config = entry_config(config)  # the type, and the defaults `relax train` derives (relax.runtime.entry)
     torch.set_num_threads(1)
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # `relax train` is a console script: make the cwd importable
     algorithm_cls = load_algorithm(config.advantage_estimator)
-    # The CLI's rules for every entry point: a RunConfig built in Python is refused as `relax train`
-    # would refuse it (ConfigError listing every problem). Warnings are printed by `relax train`.
-    validate(config, algorithm_cls)
+    # The CLI's rules and pre-flight for every entry point: a RunConfig built in Python is refused as
+    # `relax train` would refuse it (ConfigError), before Ray starts. `relax train` has run both on this
+    # configuration already and printed their warnings (relax.runtime.preflight.was_checked).
+    checked = was_checked(config)
+    warnings = validate(config, algorithm_cls) + preflight_once(config, algorithm_cls)
+    for warning in [] if checked else warnings:
+        log(f"relax: warning: {warning}")
     layout = R.derive_roles(algorithm_cls, config)
     out = output_dir_of(config)
     # Refuse another run's directory (unless resuming or --overwrite-output-dir) and hold its lock while

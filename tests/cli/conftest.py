@@ -128,9 +128,11 @@ def fixed_task_keys(monkeypatch):
 @pytest.fixture(autouse=True)
 def preflight_off(monkeypatch):
     """These tests exercise parsing and validation on configurations whose data, reward function
-    and output directory are not real; pre-flight (relax.cli.preflight) has its own tests
-    (tests/cli/test_bad_inputs.py, which overrides this fixture)."""
+    and output directory are not real; pre-flight (relax.runtime.preflight) has its own tests
+    (tests/cli/test_bad_inputs.py, which overrides this fixture). Off for ``relax train`` and for
+    ``run(config)`` (which runs it on a configuration ``relax train`` has not checked)."""
     monkeypatch.setattr("relax.cli.main.preflight", lambda config, algorithm: [])
+    monkeypatch.setattr("relax.runtime.train.preflight_once", lambda config, algorithm: [])
 
 
 @pytest.fixture

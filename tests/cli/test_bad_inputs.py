@@ -1,6 +1,6 @@
 """The bad-input table: each mistake a user can make before training exits with status 2, one
 ``relax train: error:`` message naming the flag, file, line, sample or key, no traceback, and leaves
-every file the user had untouched. Pre-flight (relax/cli/preflight.py) runs these checks before any
+every file the user had untouched. Pre-flight (relax/runtime/preflight.py) runs these checks before any
 process starts, in ``--dry-run`` too.
 
 The table runs ``relax.cli.main.main`` in-process with ``run_train`` replaced by a stub that fails the
@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import relax.cli.preflight as preflight_module
+import relax.runtime.preflight as preflight_module
 from relax.config.algorithm import AlgorithmConfig
 from relax.cli.config_file import write_effective_config
 from relax.config.run import RunConfig
@@ -844,3 +844,99 @@ def test_a_builtin_methods_non_finite_loss_points_at_the_learning_rate():
     assert str(info.value).startswith("GRPO.policy_loss at step 3 returned a non-finite loss (nan): the built-in "
                                       "method's loss is finite on finite inputs")
     assert "lower --lr" in str(info.value)
+
+
+# -- run(config) from Python: the CLI's defaults, rules and pre-flight ----------------------------------
+
+
+def test_run_takes_a_run_config():
+    from relax.runtime.train import run
+
+    with pytest.raises(TypeError, match=r"^run\(\) takes a RunConfig, got a dict; build one from it: "
+                                        r"run\(RunConfig\(num_rollout=\.\.\.\)\)"):
+        run({"num_rollout": 2})
+    with pytest.raises(TypeError, match=r"run\(\) takes a RunConfig \(relax.config.run.RunConfig\), got str"):
+        run("run.yaml")
+
+
+def test_a_default_run_config_trains_on_the_tasks_reward_keys():
+    from relax.rollout.tasks import get_task
+    from relax.runtime.entry import entry_config
+
+    config = entry_config(RunConfig())
+    assert config.algorithm.reward_keys == tuple(get_task("addition").reward_keys) == ("correct", "digits", "format",
+                                                                                       "length")
+    assert config.algorithm.reward_weights == (1.0, 1.0, 1.0, 1.0)
+    mine = RunConfig(custom_rm_path=f"{REWARDS_MODULE}:good")  # a function of the user's keeps the scalar key
+    assert entry_config(mine) is mine
+
+
+@pytest.mark.timeout(60)
+def test_run_refuses_what_pre_flight_refuses_before_ray_starts(ws, monkeypatch):
+    from relax.runtime.preflight import PreflightError
+    from relax.runtime.train import run
+    from relax.runtime.validation import ConfigError
+
+    def must_not_start(*args, **kwargs):
+        raise AssertionError("run() started the workers with a configuration pre-flight refuses")
+
+    monkeypatch.setattr("relax.runtime.train.Runtime", must_not_start)
+    before = _snapshot(ws)
+    empty = RunConfig(prompt_data="empty.jsonl", custom_rm_path=f"{R}:good", output_dir=str(ws / "never"))
+    with pytest.raises(PreflightError, match=r"--prompt-data empty.jsonl: .*holds no prompts") as info:
+        run(empty)
+    assert isinstance(info.value, ConfigError) and len(info.value.errors) == 1
+    with pytest.raises(PreflightError, match="must accept \\(rewards, group_ids, samples, keep\\)"):
+        run(RunConfig(dynamic_sampling_filter_path=f"{R}:filter_two_args", output_dir=str(ws / "never")))
+    assert _snapshot(ws) == before and not (ws / "never").exists()
+
+
+DROP_ALL = textwrap.dedent(
+    """
+    import torch
+
+    def drop_all(rewards, group_ids, samples, keep):
+        return torch.zeros_like(keep)
+    """
+)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_a_filter_that_drops_every_group_warns_each_step_and_fails_the_run(ray_cluster, tmp_path, monkeypatch, capsys):
+    from relax.cli.main import main
+
+    (ray_cluster / "relax_drop_all.py").write_text(DROP_ALL)
+    monkeypatch.chdir(ray_cluster)
+    out = tmp_path / "dropped"
+    argv = ["train", "--num-rollout", "2", "--rollout-batch-size", "4", "--n-samples-per-prompt", "4",
+            "--output-dir", str(out), "--no-progress", "--no-eval",
+            "--dynamic-sampling-filter-path", "relax_drop_all:drop_all"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    for step in (1, 2):
+        assert (f"relax: warning: step {step} trained nothing: all 4 prompt groups were dropped by the method's group "
+                "filter or --dynamic-sampling-filter-path relax_drop_all:drop_all; the weights are unchanged") in err
+    assert err.count("relax train: error:") == 1 and "Traceback" not in err
+    assert err.strip().splitlines()[-1] == (
+        "relax train: error: no step of the run trained: in all 2 steps every prompt group was dropped by the "
+        "method's group filter or --dynamic-sampling-filter-path relax_drop_all:drop_all, so the model equals the "
+        "initial weights; check that the filter keeps groups (or that the rewards vary within a group)")
+    # nothing lost: both steps logged, the final model saved
+    from relax.runtime.metrics import read_metrics
+
+    rows, _ = read_metrics(out / "metrics.jsonl")
+    assert [(r["step"], r["train/skipped"]) for r in rows] == [(1, 1), (2, 1)]
+    assert torch.load(out / "checkpoints" / "step_000002" / "state.pt", weights_only=False)["step"] == 2
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_a_default_run_config_runs_the_embedded_default(ray_cluster, tmp_path, monkeypatch):
+    from relax.runtime.train import run
+
+    monkeypatch.chdir(tmp_path)
+    summary = run(RunConfig(num_rollout=1, output_dir=str(tmp_path / "default")))
+    assert summary.steps_run == 1
+    assert set(summary.reward_first_last) == {"correct", "digits", "format", "length"}
+    assert summary.eval_before is not None and "eval/correct/mean" in summary.eval_after

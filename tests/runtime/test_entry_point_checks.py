@@ -15,7 +15,9 @@ KEYS = ("correct", "format")
 
 
 def test_run_from_python_refuses_what_relax_train_refuses(tmp_path):
-    config = RunConfig(advantage_estimator="gdpo", algorithm=AlgorithmConfig(reward_keys=("reward",)),
+    # (reward_keys left at ("reward",) would get the built-in task's four components, as relax train gives
+    # them: relax.runtime.entry; one named component is refused)
+    config = RunConfig(advantage_estimator="gdpo", algorithm=AlgorithmConfig(reward_keys=("correct",)),
                        output_dir=str(tmp_path / "never"))
     with pytest.raises(ConfigError, match=r"GDPO \(--advantage-estimator gdpo\) needs at least two reward keys"):
         run(config)

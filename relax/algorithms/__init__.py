@@ -18,10 +18,10 @@ from relax.config.algorithm import AlgorithmConfig
 from relax.config.fields import flag
 
 __all__ = [
-    "AdvantageInputs",
-    "AlgorithmConfig",
     "BUILTIN_ALGORITHMS",
     "CAPABILITIES",
+    "AdvantageInputs",
+    "AlgorithmConfig",
     "PolicyLossInputs",
     "PolicyLossOutput",
     "RLAlgorithm",

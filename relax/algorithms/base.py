@@ -109,11 +109,11 @@ class AlgorithmMeta(abc.ABCMeta):
             # The fields a method adds are read by it: they join the hyper-parameters it lists (when it
             # lists any), so `relax algorithms` shows them and validation never calls them unread.
             inherited = attrs.fields_dict(parent)
-            listed = getattr(cls, "hyperparameters")
+            listed = cls.hyperparameters
             if isinstance(listed, tuple) and listed:
                 added = tuple(f.name for f in attrs.fields(config_cls) if f.name not in inherited and f.name not in listed)
                 cls.hyperparameters = listed + added
-        hyper = getattr(cls, "hyperparameters")
+        hyper = cls.hyperparameters
         fields = attrs.fields_dict(cls.Config)
         if not isinstance(hyper, tuple) or any(h not in fields for h in hyper):
             unknown = [h for h in hyper if h not in fields] if isinstance(hyper, tuple) else hyper

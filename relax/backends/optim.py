@@ -28,7 +28,6 @@ import torch
 from relax.config.run import LR_DECAY_STYLES as DECAY_STYLES
 from relax.config.run import RunConfig, total_optimizer_steps
 
-
 # -- weight decay ----------------------------------------------------------------------------------
 
 

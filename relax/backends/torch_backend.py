@@ -39,7 +39,6 @@ from relax.models.batch import (
 )
 from relax.models.value import response_values
 
-
 _LORA_DEFAULTS = {"lora_alpha": ("--lora-alpha", 16.0), "lora_dropout": ("--lora-dropout", 0.0),
                   "lora_target_modules": ("--lora-target-modules", ("all-linear",))}
 
@@ -108,7 +107,7 @@ class TorchBackend(TrainingBackend):
         return errors
 
     @classmethod
-    def for_policy(cls, config, model: nn.Module, *, process_group=None) -> "TorchBackend":
+    def for_policy(cls, config, model: nn.Module, *, process_group=None) -> TorchBackend:
         from relax.models.factory import forward_logits_fn
 
         if config.recompute_activations:
@@ -123,7 +122,7 @@ class TorchBackend(TrainingBackend):
                    **_options(config, optim.lr_schedule(config)))
 
     @classmethod
-    def for_critic(cls, config, model: nn.Module, *, process_group=None) -> "TorchBackend":
+    def for_critic(cls, config, model: nn.Module, *, process_group=None) -> TorchBackend:
         if config.recompute_activations:
             enable_recompute(model)
         return cls(model, clip_grad=config.clip_grad, process_group=process_group, value_head=True,

@@ -22,7 +22,6 @@ import argparse
 from collections.abc import Iterator
 
 import attrs
-
 import yaml
 
 from relax.algorithms import BUILTIN_ALGORITHMS, algorithm_names, load_algorithm

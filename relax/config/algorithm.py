@@ -167,5 +167,5 @@ class AlgorithmConfig:
     def uses_reference(self) -> bool:
         return self.kl_in_reward or self.kl_in_loss
 
-    def replace(self, **changes) -> "AlgorithmConfig":
+    def replace(self, **changes) -> AlgorithmConfig:
         return attrs.evolve(self, **changes)

@@ -11,9 +11,9 @@ import pytest
 import yaml
 
 from relax.algorithms import BUILTIN_ALGORITHMS
+from relax.cli.arguments import _registered_options, add_train_arguments, build_train_parser, config_fields
 from relax.config.algorithm import AlgorithmConfig
 from relax.config.fields import flag, flag_name, flag_of, option_strings
-from relax.cli.arguments import _registered_options, add_train_arguments, build_train_parser, config_fields
 from relax.config.run import RunConfig, default_run_name, output_dir_of
 
 # Flags of the command line itself, not of a configuration field.

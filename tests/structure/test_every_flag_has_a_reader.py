@@ -24,8 +24,8 @@ from pathlib import Path
 
 import attrs
 
-from relax.algorithms.capabilities import CAPABILITIES
 from relax.algorithms import BUILTIN_ALGORITHMS
+from relax.algorithms.capabilities import CAPABILITIES
 from relax.config.run import RunConfig
 
 ROOT = Path(__file__).resolve().parents[2] / "relax"

@@ -118,8 +118,10 @@ def stop_ray() -> None:
 
 # Lines Ray relays from its processes that are shutdown noise, not news: Serve's controller ends
 # itself at serve.shutdown() and its pending calls are reported as "failed ... killed by `ray.kill`";
-# TransferQueue warns about a partition already dropped.
-RELAYED_NOISE = ("killed by `ray.kill`", "non-existent partition")
+# TransferQueue warns about a partition already dropped. And Serve's controller warns every 30 s that
+# the advantages replica "taken more than 30s to be scheduled" while a loaded machine starts the run:
+# relax's own start-up waits report a replica or worker that never starts, naming it.
+RELAYED_NOISE = ("killed by `ray.kill`", "non-existent partition", "taken more than 30s to be scheduled")
 
 
 def _relay_worker_output() -> None:

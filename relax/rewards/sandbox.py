@@ -102,6 +102,11 @@ def default_interpreter() -> str:
     )
 
 
+def _head(file, limit: int) -> str:
+    file.seek(0)
+    return file.read(limit).decode(errors="replace")
+
+
 def _kill_group(proc: subprocess.Popen) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -129,26 +134,28 @@ def run_sandboxed(files: Mapping[str, str], argv: Sequence[str], limits: Sandbox
             "cpu_seconds": limits.cpu_seconds, "memory_bytes": limits.memory_bytes,
             "file_bytes": limits.file_bytes, "processes": limits.processes,
         }
-        start = time.monotonic()
-        proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", str(BOOT), json.dumps(config)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            cwd=scratch, start_new_session=True, env={"PATH": "/usr/bin:/bin"},
-        )
-        timed_out = False
-        try:
-            out, err = proc.communicate(stdin.encode(), timeout=limits.wall_seconds)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            _kill_group(proc)
-            out, err = proc.communicate()
-        finally:
-            _kill_group(proc)  # anything the program left running in its group
-        seconds = time.monotonic() - start
-        stderr = err[: limits.output_bytes].decode(errors="replace")
-        if proc.returncode == BOOT_FAILED and stderr.startswith("relax sandbox:"):
-            raise SandboxError(stderr.strip() + " (is this a container without namespace support?)")
-        return SandboxResult(proc.returncode, out[: limits.output_bytes].decode(errors="replace"), stderr,
-                             timed_out, seconds)
+        # Output goes to files, not pipes: RLIMIT_FSIZE caps them, so a program printing without end
+        # is stopped at file_bytes instead of filling relax's memory.
+        with tempfile.TemporaryFile() as out_file, tempfile.TemporaryFile() as err_file:
+            start = time.monotonic()
+            proc = subprocess.Popen(
+                [sys.executable, "-I", "-S", str(BOOT), json.dumps(config)],
+                stdin=subprocess.PIPE, stdout=out_file, stderr=err_file,
+                cwd=scratch, start_new_session=True, env={"PATH": "/usr/bin:/bin"},
+            )
+            timed_out = False
+            try:
+                proc.communicate(stdin.encode(), timeout=limits.wall_seconds)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                _kill_group(proc)
+                proc.wait()
+            finally:
+                _kill_group(proc)  # anything the program left running in its group
+            seconds = time.monotonic() - start
+            out, err = (_head(f, limits.output_bytes) for f in (out_file, err_file))
+        if proc.returncode == BOOT_FAILED and err.startswith("relax sandbox:"):
+            raise SandboxError(err.strip() + " (is this a container without namespace support?)")
+        return SandboxResult(proc.returncode, out, err, timed_out, seconds)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -153,3 +153,10 @@ def test_the_unprivileged_path_isolates_through_a_user_namespace():
         assert Path(scratch, "ok").exists() and not Path(target).exists()
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def test_endless_output_is_capped_by_the_file_size_limit():
+    limits = SandboxLimits(cpu_seconds=5, wall_seconds=20, file_bytes=1 << 20, output_bytes=1000)
+    result = run("while True:\n    print('x' * 1000)", limits)
+    assert not result.ok and not result.timed_out  # stopped by RLIMIT_FSIZE (SIGXFSZ), not the clock
+    assert len(result.stdout) == 1000

@@ -134,7 +134,7 @@ def method_of_command_line(argv: list[str]) -> type[RLAlgorithm] | None:
     if spec is None and known.config:
         try:
             data = yaml.safe_load(open(known.config).read())
-        except (OSError, yaml.YAMLError):
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
             data = None
         if isinstance(data, dict):
             spec = next((v for k, v in data.items() if str(k).lstrip("-").replace("-", "_") == "advantage_estimator"), None)

@@ -121,6 +121,12 @@ def read_config_file(path: str | Path, parser: argparse.ArgumentParser) -> dict[
         data = yaml.load(path.read_text(), Loader=_UniqueKeyLoader)  # a SafeLoader subclass
     except OSError as exc:
         raise ConfigFileError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        line = path.read_bytes()[: exc.start].count(b"\n") + 1
+        raise ConfigFileError(
+            f"{path} is not UTF-8 text (line {line}, byte offset {exc.start}: {exc.object[exc.start:exc.start + 1]!r}); "
+            "save it as UTF-8"
+        ) from None
     except yaml.YAMLError as exc:
         raise ConfigFileError(f"{path} is not valid YAML: {exc}") from None
     if data is None:

@@ -350,6 +350,23 @@ def _sample_of(exc: BaseException, samples: list) -> str:
     return "the first samples"
 
 
+# -- trackers --------------------------------------------------------------------------------------
+
+
+def check_trackers(config: RunConfig) -> None:
+    """``--use-wandb`` writes ``<output-dir>/wandb``: it must be (or become) a directory."""
+    if not config.use_wandb:
+        return
+    from relax.config.run import output_dir_of
+
+    where = output_dir_of(config) / "wandb"
+    if where.exists() and not where.is_dir():
+        raise PreflightError(
+            f"--use-wandb writes its run to {where}, which is a file, not a directory; move the file away or "
+            "choose another --output-dir"
+        )
+
+
 # -- reward hooks ----------------------------------------------------------------------------------
 
 
@@ -373,9 +390,29 @@ def check_hooks(config: RunConfig) -> None:
 # -- Ray address -----------------------------------------------------------------------------------
 
 
+# What --ray-address accepts besides host:port (with an optional scheme such as ray://).
+RAY_ADDRESS_WORDS = ("auto", "local")
+
+
+def check_ray_address_format(address: str) -> None:
+    """``--ray-address``: ``auto``, ``local`` or ``[scheme://]host:port`` (Ray's own check comes only
+    after start-up, as a traceback)."""
+    if address in RAY_ADDRESS_WORDS:
+        return
+    target = address.split("://", 1)[-1].rstrip("/")
+    host, _, port = target.rpartition(":")
+    if not host.strip("[]") or not port.isdigit() or not 0 < int(port) < 65536 or any(c.isspace() for c in host):
+        raise PreflightError(
+            f"--ray-address {address} is not an address: give the head node's host:port (e.g. 127.0.0.1:6379, "
+            "as `ray start --head` prints it), ray://host:10001 for Ray Client, or auto; omit --ray-address to "
+            "start a local Ray"
+        )
+
+
 def check_ray(config: RunConfig) -> None:
     if not config.ray_address:
         return
+    check_ray_address_format(config.ray_address)
     from relax.runtime.ray_session import check_ray_address
 
     try:
@@ -409,6 +446,7 @@ def preflight(config: RunConfig, algorithm) -> list[str]:
     warnings: list[str] = []
     check_algorithm(config, algorithm)
     check_output(config)
+    check_trackers(config)
     check_load(config, algorithm)
     check_resume_metrics(config, warnings)
     for path, flag in ((config.hf_checkpoint, "--hf-checkpoint"), (config.ref_load, "--ref-load")):

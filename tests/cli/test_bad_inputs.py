@@ -940,3 +940,26 @@ def test_a_default_run_config_runs_the_embedded_default(ray_cluster, tmp_path, m
     assert summary.steps_run == 1
     assert set(summary.reward_first_last) == {"correct", "digits", "format", "length"}
     assert summary.eval_before is not None and "eval/correct/mean" in summary.eval_after
+
+
+@pytest.fixture
+def odd_files(ws):
+    (ws / "latin1.yaml").write_bytes("seed: 3\nrun_name: caf\u00e9\n".encode("latin-1"))
+    (ws / "wandb_run").mkdir()
+    (ws / "wandb_run" / "wandb").write_text("not a directory\n")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("argv, message", [
+    (["--config", "latin1.yaml"], "--config latin1.yaml: latin1.yaml is not UTF-8 text (line 2, byte offset 21: b'\\xe9'); "
+                                  "save it as UTF-8"),
+    (["--ray-address", "not-an-address"], "--ray-address not-an-address is not an address: give the head node's "
+                                          "host:port"),
+    (["--ray-address", "127.0.0.1:99999"], "--ray-address 127.0.0.1:99999 is not an address"),
+    (["--use-wandb", "--output-dir", "wandb_run"],
+     "--use-wandb writes its run to wandb_run/wandb, which is a file, not a directory"),
+], ids=["config_not_utf8", "ray_address_format", "ray_address_port", "wandb_dir_is_a_file"])
+def test_raw_errors_become_one_line(refuse, odd_files, argv, message):
+    if "--use-wandb" in argv:
+        pytest.importorskip("wandb")
+    assert message in refuse(*argv)

@@ -167,7 +167,12 @@ class TransferQueueDataPlane:
             ).remote()
             ray.get(keeper.ready.remote())
             exists = True
-        tq.init(None if exists else tq_config())
+        if exists:
+            tq.init()  # attach
+        else:
+            from relax.runtime.tq_start import start_transferqueue
+
+            start_transferqueue(tq_config())
         self._client = tq.get_client()
         self._owner = not exists
         return self

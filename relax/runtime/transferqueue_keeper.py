@@ -16,11 +16,10 @@ class TransferQueueKeeper:
     """Made a detached Ray actor by ``TransferQueueDataPlane.start(keep=True)``."""
 
     def __init__(self):
-        import transfer_queue as tq
-
         from relax.runtime.data_plane import tq_config
+        from relax.runtime.tq_start import start_transferqueue
 
-        tq.init(tq_config())
+        start_transferqueue(tq_config())
 
     def ready(self) -> bool:
         return True

@@ -105,7 +105,7 @@ def _stop(temp_dirs: list[str]) -> None:
         time.sleep(2)
 
 
-START_TRIES = 3  # `ray start` gives a raylet a fixed 30 s to register: a busy machine can miss it
+START_TRIES = 5  # `ray start` gives a raylet a fixed 30 s to register: a busy machine can miss it
 
 
 def _start_node(argv: list[str], prefix: str, temp_dirs: list[str]) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from relax.algorithms.base import RLAlgorithm
 from relax.algorithms.gdpo import GDPO
+from relax.algorithms.gdpo_presets import GDPONVLabsTRL, GDPONVLabsVerl  # noqa: F401 - GDPO.PRESETS
 from relax.algorithms.grpo import CISPO, GRPO, GSPO, SAPO
 from relax.algorithms.m2po import M2PO
 from relax.algorithms.ppo import PPO

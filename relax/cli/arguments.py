@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Iterator
+from pathlib import Path
 
 import attrs
 import yaml
@@ -133,7 +134,7 @@ def method_of_command_line(argv: list[str]) -> type[RLAlgorithm] | None:
     spec = known.advantage_estimator
     if spec is None and known.config:
         try:
-            data = yaml.safe_load(open(known.config).read())
+            data = yaml.safe_load(Path(known.config).read_text())
         except (OSError, UnicodeDecodeError, yaml.YAMLError):
             data = None
         if isinstance(data, dict):

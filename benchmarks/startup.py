@@ -108,7 +108,7 @@ def _stop_head(temp_dir: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--cold", type=int, default=2, help="cold runs (each starts its own Ray)")
     parser.add_argument("--warm", type=int, default=3, help="runs on one kept cluster (0: none)")
     parser.add_argument("--smoke", action="store_true", help="one cold and one warm run")

@@ -107,3 +107,36 @@ def test_two_vllm_rollout_workers_in_a_fully_async_run(run_in_cluster, tmp_path)
     run_in_cluster(config)
     rows = _check_run(Path(config.output_dir), 4)
     assert [r["async/policy_version"] for r in rows] == [0, 1, 2, 3]
+
+
+STOPS = tuple("0123456789fghkquwxyz")  # none of them is in the tokenizer's special tokens
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_the_vllm_sampling_flags_reach_the_engine(run_in_cluster, tmp_path):
+    """--rollout-stop ends completions at the first stop string (kept); --rollout-top-k and
+    --rollout-min-p truncate the engine's distribution, so its log-probs are no longer the trainer's
+    full-distribution ones and rollout/logprob_abs_diff rises far above the float rounding it shows
+    without them (test_gdpo_trains_with_the_vllm_engine_holding_the_trainers_weights)."""
+    from relax.models.hf.tiny_random import build_tiny_random_checkpoint
+
+    ckpt = build_tiny_random_checkpoint(tmp_path / "tiny-qwen2", "qwen2", seed=2)
+    config = _config(ckpt, tmp_path, num_rollout=2, eval_prompt_data=None, rollout_top_k=3, rollout_min_p=0.05,
+                     rollout_stop=STOPS, log_completions=16)
+    run_in_cluster(config)
+    out = Path(config.output_dir)
+    rows = [r for r in _rows(out) if not r.get("train/skipped")]
+    assert rows and all(r["rollout/logprob_abs_diff"] > 1e-2 for r in rows), rows
+    samples = [json.loads(line) for line in (out / "completions.jsonl").read_text().splitlines()]
+    stopped = 0
+    for sample in samples:
+        text = sample["completion"]
+        for special in ("<eos>", "<|im_end|>"):
+            text = text.removesuffix(special)
+        first = min((text.index(s) for s in STOPS if s in text), default=None)
+        if first is not None:
+            stopped += 1
+            assert first == len(text) - 1, f"the completion goes on after a stop string: {sample['completion']!r}"
+    assert stopped > 0

@@ -32,7 +32,7 @@ SEED_BOUND = 2**31 - 1  # vLLM seeds are int32-safe
 
 
 class VLLMEngine(GenerationEngine):
-    """``generate`` / ``load_weights`` over an in-process ``vllm.LLM`` (see ``build_vllm_engine``).
+    """``generate`` / ``load_weights`` over an in-process ``vllm.LLM`` (built by ``relax.rollout.vllm.factory``).
 
     Rows are laid out like ``HFEngine``'s: left-padded prompts; responses right-padded with
     ``pad_id`` (mask false, log-prob 0); a stop token (EOS or another ``tokenizer.stop_ids`` id)

@@ -195,6 +195,20 @@ def load_tokenizer(config: RunConfig):
     return _task(config).make_tokenizer()
 
 
+def check_model(config: RunConfig, tokenizer) -> None:
+    """``--hf-checkpoint``: a causal LM whose vocabulary covers the tokenizer, whose weight files are
+    whole and match ``config.json``, with the ``--lora-target-modules`` it names
+    (``relax.runtime.model_checks``)."""
+    if not config.hf_checkpoint:
+        return
+    from relax.runtime.model_checks import check_hf_model
+
+    with _quiet():
+        problem = check_hf_model(config, tokenizer)
+    if problem:
+        raise PreflightError(problem)
+
+
 # -- prompts ---------------------------------------------------------------------------------------
 
 
@@ -453,6 +467,7 @@ def preflight(config: RunConfig, algorithm) -> list[str]:
         if path and (flag == "--hf-checkpoint" or config.hf_checkpoint):
             check_hf_dir(path, flag)
     tokenizer = load_tokenizer(config)
+    check_model(config, tokenizer)
     prompts = load_prompts(config, tokenizer, warnings)
     check_eval_prompts(config, tokenizer, warnings)
     if is_multi_turn(config):  # the environment's rewards score the episodes: reset + one step

@@ -11,6 +11,7 @@ fixes the messages suggest pass, and that the lock and SIGTERM behave in a real 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import signal
 import subprocess
@@ -963,3 +964,64 @@ def test_raw_errors_become_one_line(refuse, odd_files, argv, message):
     if "--use-wandb" in argv:
         pytest.importorskip("wandb")
     assert message in refuse(*argv)
+
+
+# -- pre-flight knows the model (--hf-checkpoint) ------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def hf_base(tmp_path_factory):
+    pytest.importorskip("transformers")
+    sys.path.insert(0, str(Path(__file__).parents[1] / "hf"))
+    try:
+        from tiny_checkpoints import build_checkpoint
+    finally:
+        sys.path.pop(0)
+    return build_checkpoint(tmp_path_factory.mktemp("hf") / "llama", "llama")
+
+
+@pytest.fixture
+def hf_variants(ws, hf_base):
+    """Copies of a good tiny Llama checkpoint in ws, each broken in one way."""
+    import shutil
+
+    def variant(name, edit_config=None):
+        target = ws / name
+        shutil.copytree(hf_base, target)
+        if edit_config:
+            cfg = json.loads((target / "config.json").read_text())
+            edit_config(cfg)
+            (target / "config.json").write_text(json.dumps(cfg))
+        return target
+
+    variant("hf_good")
+    variant("hf_small_vocab", lambda c: c.update(vocab_size=8))
+    variant("hf_bert", lambda c: c.update(model_type="bert", architectures=["BertForMaskedLM"]))
+    variant("hf_edited", lambda c: c.update(intermediate_size=c["intermediate_size"] * 2))
+    cut = variant("hf_truncated")
+    weights = cut / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("argv, message", [
+    (["--hf-checkpoint", "hf_small_vocab"], "--hf-checkpoint hf_small_vocab: config.json has vocab_size 8 but the "
+                                            "tokenizer has 48 tokens, so token ids 8..47 would index past the embedding"),
+    (["--hf-checkpoint", "hf_bert"], "--hf-checkpoint hf_bert: the checkpoint is a BertForMaskedLM, not a causal "
+                                     "language model"),
+    (["--hf-checkpoint", "hf_edited"], "model.safetensors holds model.layers.0.mlp.down_proj.weight of shape"),
+    (["--hf-checkpoint", "hf_truncated"], "--hf-checkpoint hf_truncated: model.safetensors is truncated"),
+    (["--hf-checkpoint", "hf_good", "--lora-rank", "4", "--lora-target-modules", "nosuch_proj"],
+     "--lora-target-modules nosuch_proj: the model has no module named nosuch_proj; its linear layers are down_proj, "
+     "gate_proj, k_proj, lm_head, o_proj, q_proj, up_proj, v_proj"),
+], ids=["vocab_smaller_than_tokenizer", "encoder_only", "config_edited_after_saving", "truncated_safetensors",
+        "lora_target_missing"])
+def test_pre_flight_knows_the_model(refuse, hf_variants, argv, message):
+    assert message in refuse(*argv)
+
+
+@pytest.mark.timeout(120)
+def test_a_good_hf_checkpoint_passes_the_model_checks(cli, ws, hf_variants):
+    code, _, err = cli("train", "--hf-checkpoint", "hf_good", "--lora-rank", "4", "--lora-target-modules", "q_proj",
+                       "v_proj", "--dry-run")
+    assert code == 0, err

@@ -15,7 +15,8 @@ TAGS = ["<answer>", "</answer>"]
 SCALE = 2.0
 
 
-def build_answer_checkpoint(directory: str | Path, *, seed: int = 0) -> Path:
+def build_answer_checkpoint(directory: str | Path, *, seed: int = 0, scale: float = SCALE) -> Path:
+    """``scale``: the tags' embedding rows, in standard deviations of the other rows."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from relax.models.hf.tiny_random import build_tiny_random_checkpoint
@@ -31,7 +32,7 @@ def build_answer_checkpoint(directory: str | Path, *, seed: int = 0) -> Path:
     with torch.no_grad():
         for matrix in (model.get_input_embeddings().weight, model.get_output_embeddings().weight):
             old = matrix[: -len(TAGS)]
-            matrix[-len(TAGS):] = torch.randn(len(TAGS), matrix.shape[1]) * old.std() * SCALE
+            matrix[-len(TAGS):] = torch.randn(len(TAGS), matrix.shape[1]) * old.std() * scale
     tok.save_pretrained(str(directory))
     model.save_pretrained(str(directory))
     return directory

@@ -198,6 +198,7 @@ class Runtime:
                     ray.kill(handle)
         # A stopped or stuck worker on this machine cannot act on ray.kill: end its process here.
         kill_pids(self.heartbeats.silent_pids_on_this_machine())
+        self.heartbeats.forget()
         if self.data_plane is not None and dead is None:
             # what the run left (matters when TransferQueue outlives the run), then its actors
             bounded(self.data_plane.clear_steps, "clearing the data plane")

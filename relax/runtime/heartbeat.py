@@ -146,6 +146,13 @@ class Heartbeats:
         for worker, (pid, node_ip) in zip(self.workers, results):
             worker.pid, worker.node_ip, worker.changed = pid, node_ip, now
 
+    def forget(self) -> None:
+        """Drop the run's beats from the key-value store (a kept cluster outlives the run)."""
+        from ray.experimental import internal_kv
+
+        with contextlib.suppress(Exception):
+            internal_kv._internal_kv_del(f"{self.run_key}/", del_by_prefix=True, namespace=NAMESPACE)
+
     def silent_pids_on_this_machine(self) -> list[int]:
         """The pids of the silent workers (``silent``) that run on this machine."""
         try:

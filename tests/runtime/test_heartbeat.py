@@ -190,7 +190,7 @@ def test_a_watchdog_told_bye_kills_nothing():
 
 
 @needs_proc
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(400)  # the shared cluster's start-up counts when this test is the first to use it
 def test_a_stopped_actor_is_named_after_the_worker_timeout(ray_cluster, capsys):
     import ray
 
@@ -229,6 +229,11 @@ def test_a_stopped_actor_is_named_after_the_worker_timeout(ray_cluster, capsys):
         assert beats.silent_pids_on_this_machine() == [worker.pid]
         assert reaper.kill_pids([worker.pid]) == [worker.pid]
         _wait_until(lambda: not _alive(worker.pid), 10, "the stopped worker to die")
+        from ray.experimental import internal_kv
+
+        assert internal_kv._internal_kv_get(worker.key, namespace=heartbeat.NAMESPACE) is not None
+        beats.forget()  # a kept cluster keeps no beats of a finished run
+        assert internal_kv._internal_kv_get(worker.key, namespace=heartbeat.NAMESPACE) is None
     finally:
         waits.watch_heartbeats(None)
         ray.kill(actor)

@@ -126,6 +126,17 @@ def resumed_run_config(load: str | None) -> Path | None:
     return path if path is not None and path.is_file() else None
 
 
+def _with_resumed_config(args: list[str]) -> list[str]:
+    """``args`` for finding the method (phase one reads it from ``--config``): with ``--load`` alone,
+    the method is the one in the resumed run's ``config.yaml`` (``resumed_run_config``)."""
+    early = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    early.add_argument("--load", dest="load", default=None)
+    early.add_argument("--config", dest="config", default=None)
+    known, _ = early.parse_known_args(args)
+    base = None if known.config else resumed_run_config(known.load)
+    return [*args, "--config", str(base)] if base else args
+
+
 def prepare_train_config(argv: list[str], parser, train_parser) -> tuple[RunConfig, argparse.Namespace]:
     """Parse, merge ``--config``, build and validate; exits with status 2 on any error."""
     subparsers = {"train": train_parser}
@@ -244,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     _make_cwd_importable()
     if argv[:1] == ["train"]:
         try:  # the method's own flags join the parser: find the method first
-            parser, subparsers = build_parser(method_of_command_line(argv[1:]))
+            parser, subparsers = build_parser(method_of_command_line(_with_resumed_config(argv[1:])))
         except ValueError as exc:
             build_parser()[1]["train"].error(str(exc))
         train_parser = subparsers["train"]

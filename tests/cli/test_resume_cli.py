@@ -66,3 +66,50 @@ def test_a_run_config_that_no_longer_parses_names_load_and_the_file(cli, tmp_pat
     code, _, err = dry(cli, "--load", run)
     assert code == 2
     assert f"--load {run}: the run's settings {run / 'config.yaml'}: unknown key 'retired_flag'" in err
+
+
+def test_load_alone_resumes_a_run_of_another_method_with_its_own_flags(cli, tmp_path):
+    from relax.algorithms import load_algorithm
+
+    gdpo = load_algorithm("gdpo")
+    run = tmp_path / "run"
+    config = RunConfig(advantage_estimator="gdpo", output_dir=str(run), seed=4,
+                       algorithm=gdpo.Config(reward_keys=("correct", "format"), gdpo_baseline="leave_one_out"))
+    write_effective_config(config)
+    (run / "checkpoints" / "step_000002").mkdir(parents=True)
+    (run / "checkpoints" / "step_000002" / "state.pt").write_bytes(b"not read")
+    code, out, err = dry(cli, "--load", run)
+    assert code == 0, err
+    assert out["advantage_estimator"] == "gdpo" and out["seed"] == 4
+    assert out["reward_keys"] == ["correct", "format"] and out["gdpo_baseline"] == "leave_one_out"
+    assert "warning" not in err  # GDPO's own keys are GDPO's flags here, not another method's
+
+
+USER_METHOD = """
+import attrs
+
+from relax.algorithms.grpo import GRPO
+from relax.config.fields import flag
+
+
+class Scaled(GRPO):
+    @attrs.frozen(kw_only=True)
+    class Config(GRPO.Config):
+        scaled_factor: float = attrs.field(default=1.0, metadata=flag("reward scale", group="algorithm", type=float))
+"""
+
+
+def test_load_alone_finds_a_user_methods_own_flags(cli, tmp_path, monkeypatch):
+    (tmp_path / "relax_resume_user_method.py").write_text(USER_METHOD)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from relax.algorithms import load_algorithm
+
+    method = load_algorithm("relax_resume_user_method:Scaled")
+    run = tmp_path / "run"
+    write_effective_config(RunConfig(advantage_estimator="relax_resume_user_method:Scaled", output_dir=str(run),
+                                     algorithm=method.Config(scaled_factor=3.0)))
+    (run / "checkpoints" / "step_000002").mkdir(parents=True)
+    (run / "checkpoints" / "step_000002" / "state.pt").write_bytes(b"not read")
+    code, out, err = dry(cli, "--load", run)
+    assert code == 0, err
+    assert out["advantage_estimator"] == "relax_resume_user_method:Scaled" and out["scaled_factor"] == 3.0

@@ -191,8 +191,9 @@ def save_checkpoint(runtime, out: Path, step: int, timeout: float | None = None)
     if runtime.config.hf_checkpoint:
         from relax.models.hf.checkpoint import export_hf_checkpoint
 
-        export_hf_checkpoint(runtime.backend_cls.weights_in_state(actor["backend"]), runtime.config.hf_checkpoint,
-                             path.parent / "hf")
+        with _one_line_on_failure(out, step, path.parent / "hf"):  # state.pt stays: it is whole
+            export_hf_checkpoint(runtime.backend_cls.weights_in_state(actor["backend"]),
+                                 runtime.config.hf_checkpoint, path.parent / "hf")
     keep = getattr(runtime.config, "keep_checkpoints", None)
     if keep:
         prune_checkpoints(out, keep)

@@ -253,20 +253,27 @@ def load_prompts(config: RunConfig, tokenizer, warnings: list[str] | None = None
     return [(f"--task {config.task} prompt {i}", p) for i, p in enumerate(prompts)][:REWARD_SAMPLES]
 
 
-def check_eval_prompts(config: RunConfig, tokenizer, warnings: list[str] | None = None) -> None:
-    """``--eval-prompt-data``: every record read, validated and tokenized as the rollout workers will."""
+# How many evaluation prompts the reward function is also called on (they may hold other labels).
+EVAL_REWARD_SAMPLES = 2
+
+
+def check_eval_prompts(config: RunConfig, tokenizer, warnings: list[str] | None = None) -> list:
+    """``--eval-prompt-data``: every record read, validated and tokenized as the rollout workers will.
+    Returns its first prompts as ``(where, Prompt)``, for the reward function's pre-flight call."""
     if not (config.eval_prompt_data and config.evaluate):
-        return
+        return []
     from relax.rollout.data import eval_dataset_from_config
 
     with warnings_module.catch_warnings(record=True) as caught:
         warnings_module.simplefilter("always")
         try:
-            eval_dataset_from_config(config, tokenizer)
+            dataset = eval_dataset_from_config(config, tokenizer)
         except (OSError, ValueError, ImportError) as exc:  # PromptDataError is a ValueError: its whole text
             raise PreflightError(str(exc) if "bad " in str(exc) else _first_line(exc)) from None
     if warnings is not None:
         warnings.extend(str(w.message) for w in caught)
+    return [(f"--eval-prompt-data {config.eval_prompt_data} {dataset.unit} {n}", p)
+            for n, p in zip(dataset.line_numbers, dataset.prompts)][:EVAL_REWARD_SAMPLES]
 
 
 # -- reward function -------------------------------------------------------------------------------
@@ -287,7 +294,10 @@ def _call_with_timeout(fn, timeout: float):
     if thread.is_alive():
         return False, None
     if "error" in box:
-        raise box["error"]
+        error = box["error"]
+        if not isinstance(error, (Exception, KeyboardInterrupt)):  # SystemExit from user code: a failure
+            raise RuntimeError(f"raised {type(error).__name__}: {error}") from error
+        raise error
     return True, box.get("value")
 
 
@@ -331,6 +341,10 @@ def check_reward(config: RunConfig, prompts: list) -> None:
             lambda: call_reward_function(fn, *(list(col) for col in zip(*(s[1:] for s in samples)))),
             limit,
         )
+    except RuntimeError as exc:  # a BaseException that is not an Exception (SystemExit), from _call_with_timeout
+        if isinstance(exc, RewardError) or not str(exc).startswith("raised "):
+            raise
+        raise PreflightError(f"{flag}: pre-flight call on {samples[0][0]}, ...: reward function {name} {exc}") from None
     except RewardError as exc:
         raise PreflightError(
             f"{flag}: pre-flight call on {_sample_of(exc, samples)}: {_message(exc)}; it must return a value for "
@@ -469,7 +483,7 @@ def preflight(config: RunConfig, algorithm) -> list[str]:
     tokenizer = load_tokenizer(config)
     check_model(config, tokenizer)
     prompts = load_prompts(config, tokenizer, warnings)
-    check_eval_prompts(config, tokenizer, warnings)
+    prompts = prompts + check_eval_prompts(config, tokenizer, warnings)  # the reward scores both
     if is_multi_turn(config):  # the environment's rewards score the episodes: reset + one step
         check_env(config, prompts)
     else:

@@ -67,6 +67,12 @@ REWARDS_SOURCE = textwrap.dedent(
     def two_args(prompt, completion):
         return 0.0
 
+    def label_number(prompt, completion, label, metadata):
+        return float(int(label) == 0)
+
+    async def exits_async(prompt, completion, label, metadata):
+        raise SystemExit(5)
+
     def filter_two_args(rewards, group_ids):
         return group_ids >= 0
 
@@ -1025,3 +1031,38 @@ def test_a_good_hf_checkpoint_passes_the_model_checks(cli, ws, hf_variants):
     code, _, err = cli("train", "--hf-checkpoint", "hf_good", "--lora-rank", "4", "--lora-target-modules", "q_proj",
                        "v_proj", "--dry-run")
     assert code == 0, err
+
+
+@pytest.mark.timeout(60)
+def test_evaluation_prompts_are_probed_like_training_ones(refuse, ws):
+    (ws / "eval_words.jsonl").write_text('{"prompt": "<bos>1+2=", "label": "three"}\n')
+    err = refuse(DATA, "good.jsonl", RM, f"{R}:label_number", "--eval-prompt-data", "eval_words.jsonl")
+    assert ("pre-flight call on --eval-prompt-data eval_words.jsonl line 1, completion '': reward function "
+            f"{R}.label_number raised ValueError: invalid literal for int()") in err
+
+
+@pytest.mark.timeout(60)
+def test_an_async_reward_function_that_exits_is_one_line(refuse, ws):
+    err = refuse(DATA, "good.jsonl", RM, f"{R}:exits_async")
+    assert f"reward function {R}.exits_async raised SystemExit: 5" in err
+
+
+def test_a_failed_hf_export_keeps_the_whole_state_and_removes_the_partial_export(tmp_path, monkeypatch, no_ray_get):
+    import errno
+    import types
+
+    from relax.runtime import checkpoints as C
+
+    def export_fails(weights, source, target):
+        Path(target).mkdir(parents=True)
+        (Path(target) / "model.safetensors").write_bytes(b"x" * 10)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setitem(sys.modules, "relax.models.hf.checkpoint", types.SimpleNamespace(export_hf_checkpoint=export_fails))
+    runtime = _fake_runtime()
+    runtime.config.hf_checkpoint = "some/hf/dir"
+    runtime.backend_cls.weights_in_state = staticmethod(lambda backend: backend["model"])
+    with pytest.raises(C.CheckpointSaveError, match=r"step_000001/hf failed: No space left on device") as info:
+        C.save_checkpoint(runtime, tmp_path, 1)
+    assert "the last good checkpoint is" in str(info.value) and str(tmp_path / "checkpoints" / "step_000001") in str(info.value)
+    assert sorted(p.name for p in (tmp_path / "checkpoints" / "step_000001").iterdir()) == ["state.pt"]

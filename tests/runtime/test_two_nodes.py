@@ -142,7 +142,9 @@ def two_nodes():
 JUDGE = textwrap.dedent(
     """
     def judge(prompt, completion, label, metadata):
-        return float(completion.strip() == str(label))
+        # varies within a prompt group (a group of equal rewards is dropped, and a run that trains
+        # nothing fails), whatever the model writes
+        return len(completion) / 8 + 0.1 * completion.count("1")
     """
 )
 TINY = ["--num-rollout", "2", "--rollout-batch-size", "4", "--n-samples-per-prompt", "4", "--no-progress",

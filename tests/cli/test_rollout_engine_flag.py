@@ -1,5 +1,5 @@
 """``--rollout-engine``: refused before anything starts where the engine does not fit the run (these
-run without vLLM; the vLLM environment's own refusals are in tests/vllm_engine/test_refusals.py)."""
+run without vLLM; the vLLM environment's own refusals are in tests/vllm_engine/test_vllm_refusals.py)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 two-component reward on a tiny random Qwen2, a large learning rate so the policy moves every step,
 and evaluation with the vLLM engine. ``rollout/logprob_abs_diff`` (mean |engine - trainer| log-prob)
 stays below 1e-3 on every step only if the engine holds the trainer's new weights each time: a stale
-engine is >= 0.1 away after one update (tests/vllm_engine/test_engine.py)."""
+engine is >= 0.1 away after one update (tests/vllm_engine/test_vllm_engine.py)."""
 
 from __future__ import annotations
 

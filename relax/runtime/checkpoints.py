@@ -170,14 +170,12 @@ def save_checkpoint(runtime, out: Path, step: int, timeout: float | None = None)
     """Write the live roles' state for ``step``; returns the ``state.pt`` path. With
     ``--keep-checkpoints N`` the oldest checkpoints beyond N are deleted once this one is written.
     ``timeout`` bounds the wait for the workers' states (``WorkerDied`` when it runs out)."""
-    from relax.runtime.waits import get
-
     # A backend that gathers its state over all ranks (a collective) is asked on every rank.
     actors = runtime.actors if runtime.backend_cls.gathers_on_all_ranks else runtime.actors[:1]
     refs = [a.state_dict.remote() for a in actors] + [w.state_dict.remote() for w in runtime.rollouts]
     if runtime.critic is not None:
         refs.append(runtime.critic.state_dict.remote())
-    parts = get(refs, "checkpoint", timeout=timeout)
+    parts = get_by_role(refs, role_names(len(actors), len(runtime.rollouts), runtime.critic is not None), timeout)
     actor = parts[0]
     rollout = parts[len(actors) : len(actors) + len(runtime.rollouts)]  # one state per rollout worker
     critic = parts[-1] if runtime.critic is not None else None
@@ -198,6 +196,28 @@ def save_checkpoint(runtime, out: Path, step: int, timeout: float | None = None)
     if keep:
         prune_checkpoints(out, keep)
     return path
+
+
+def role_names(actors: int, rollouts: int, critic: bool) -> list[str]:
+    """How a wait names each worker of a checkpoint (``the actor (rank 1) worker died``)."""
+    names = ["actor"] if actors == 1 else [f"actor (rank {i})" for i in range(actors)]
+    names += ["rollout"] if rollouts == 1 else [f"rollout (worker {i})" for i in range(rollouts)]
+    return names + (["critic"] if critic else [])
+
+
+def get_by_role(refs: list, names: list[str], timeout: float | None = None) -> list:
+    """The results of ``refs``, each waited for under its worker's name, so that a dead worker is named
+    (all were submitted at once: waiting one after the other takes as long as waiting for all)."""
+    import time
+
+    from relax.runtime.waits import get
+
+    deadline = None if timeout is None else time.monotonic() + timeout
+    results = []
+    for ref, name in zip(refs, names):
+        left = None if deadline is None else max(0.1, deadline - time.monotonic())
+        results.extend(get([ref], name, timeout=left))
+    return results
 
 
 def _write_state(state: dict, path: Path) -> None:
@@ -282,8 +302,6 @@ def prune_checkpoints(out: Path, keep: int) -> list[Path]:
 
 def restore_checkpoint(runtime, state: dict) -> None:
     """Load ``state`` into the live roles (the rollout also takes the actor's weights)."""
-    from relax.runtime.waits import get
-
     import ray
 
     from relax.runtime.weight_sync import ObjectStoreSync
@@ -295,4 +313,4 @@ def restore_checkpoint(runtime, state: dict) -> None:
     refs += [w.load_state_dict.remote(r, weights) for w, r in zip(runtime.rollouts, rollout_states(state))]
     if runtime.critic is not None:
         refs.append(runtime.critic.load_state_dict.remote(state["critic"]))
-    get(refs, "checkpoint restore")
+    get_by_role(refs, role_names(len(runtime.actors), len(runtime.rollouts), runtime.critic is not None))

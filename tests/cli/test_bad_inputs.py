@@ -1066,3 +1066,31 @@ def test_a_failed_hf_export_keeps_the_whole_state_and_removes_the_partial_export
         C.save_checkpoint(runtime, tmp_path, 1)
     assert "the last good checkpoint is" in str(info.value) and str(tmp_path / "checkpoints" / "step_000001") in str(info.value)
     assert sorted(p.name for p in (tmp_path / "checkpoints" / "step_000001").iterdir()) == ["state.pt"]
+
+
+def test_a_dead_worker_is_named_by_its_role_while_saving(tmp_path, monkeypatch):
+    from relax.runtime import checkpoints as C
+    from relax.runtime.waits import WorkerDied
+
+    DEAD = {"dead": True}
+
+    def get(refs, what, timeout=None):
+        if any(r is DEAD for r in refs):
+            raise WorkerDied(f"the {what} worker died: The actor died unexpectedly before finishing this task.")
+        return list(refs)
+
+    monkeypatch.setattr("relax.runtime.waits.get", get)
+    runtime = _fake_runtime()
+    runtime.rollouts = [_FakeActor({}), _FakeActor(DEAD)]
+    with pytest.raises(WorkerDied, match=r"^the rollout \(worker 1\) worker died"):
+        C.save_checkpoint(runtime, tmp_path, 1)
+    runtime = _fake_runtime()
+    runtime.rollouts = [_FakeActor(DEAD)]
+    with pytest.raises(WorkerDied, match=r"^the rollout worker died"):
+        C.save_checkpoint(runtime, tmp_path, 1)
+    runtime = _fake_runtime()
+    runtime.backend_cls.gathers_on_all_ranks = True
+    runtime.actors.append(_FakeActor(DEAD))
+    with pytest.raises(WorkerDied, match=r"^the actor \(rank 1\) worker died"):
+        C.save_checkpoint(runtime, tmp_path, 1)
+    assert not (tmp_path / "checkpoints").exists()  # nothing written for a save that never got the states

@@ -238,6 +238,10 @@ def _run_error_message(exc: BaseException) -> str | None:
         return str(exc).split("\n", 1)[0]
     if isinstance(exc, (CheckpointError, ConnectionError, RunFailed)):
         return str(exc)
+    if type(exc) is Exception and "timed out during startup" in str(exc):  # raised by ray._private.node
+        return ("Ray did not start: its node timed out during start-up (the raylet or the GCS did not answer "
+                "within 30 s, which an overloaded machine does); retry when the machine is less busy, or start Ray "
+                "yourself (`ray start --head --num-cpus N`) and pass --ray-address")
     return None
 
 

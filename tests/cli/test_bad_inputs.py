@@ -1094,3 +1094,17 @@ def test_a_dead_worker_is_named_by_its_role_while_saving(tmp_path, monkeypatch):
     with pytest.raises(WorkerDied, match=r"^the actor \(rank 1\) worker died"):
         C.save_checkpoint(runtime, tmp_path, 1)
     assert not (tmp_path / "checkpoints").exists()  # nothing written for a save that never got the states
+
+
+def test_rays_node_start_up_timeout_is_one_line(monkeypatch, cli, ws):
+    def run_train(config):
+        raise Exception("The current node timed out during startup. This could happen because some of the raylet "
+                        "failed to startup or the GCS has become overloaded.")
+
+    monkeypatch.setattr("relax.cli.main.run_train", run_train)
+    code, _, err = cli("train", "--output-dir", "slow_machine")
+    assert code == 1 and "Traceback" not in err
+    assert err.strip().splitlines() == [
+        "relax train: error: Ray did not start: its node timed out during start-up (the raylet or the GCS did not "
+        "answer within 30 s, which an overloaded machine does); retry when the machine is less busy, or start Ray "
+        "yourself (`ray start --head --num-cpus N`) and pass --ray-address"]

@@ -3,9 +3,9 @@
 Like the addition warm-up (``relax.recipes.warmup``) it trains on deliberately flawed
 demonstrations, so that RL has something to explore from but much to learn. Each demonstration:
 
-- with p = ``TOOL_SHARE`` calls the calculator: ``<calc>a+b</calc><eos>`` (one operand digit wrong
+- with p = ``tool_share`` calls the calculator: ``<calc>a+b</calc><eos>`` (one operand digit wrong
   with p = 0.2), then the environment's ``<r>sum</r>``, then ``<a>x</a><eos>`` where x is the
-  calculator's result with p = 0.5 and a random number otherwise;
+  calculator's result with p = ``copy_result`` and a random number otherwise;
 - otherwise answers at once with a random number ``<a>x</a><eos>`` (two-digit addition is beyond
   what the model learns here, so a direct answer is almost never right).
 
@@ -31,11 +31,12 @@ from relax.rollout.environments.episodes import EpisodeRunner
 from relax.rollout.sampling import sample_groups
 from relax.rollout.tasks.calculator import HIGH, LOW, MAX_NEW_TOKENS, REWARD_KEYS, CalculatorEnv, CalculatorPrompts
 
-RECIPE = {"steps": 1200, "batch_size": 64, "lr": 3e-3, "seed": 0, "tool_share": 0.3}
+RECIPE = {"steps": 1200, "batch_size": 64, "lr": 3e-3, "seed": 0, "tool_share": 0.15, "copy_result": 0.25}
 _TOK = CalculatorTokenizer()
 
 
-def demonstration(rng: random.Random, tool_share: float) -> list[tuple[str, bool]]:
+def demonstration(rng: random.Random, tool_share: float,
+                  copy_result: float = RECIPE["copy_result"]) -> list[tuple[str, bool]]:
     """One episode as ``(text, is_model_turn)`` segments after the prompt (see the module docstring)."""
     a, b = rng.randint(LOW, HIGH), rng.randint(LOW, HIGH)
     segments = [(f"<bos>{a}+{b}=", False)]
@@ -44,7 +45,7 @@ def demonstration(rng: random.Random, tool_share: float) -> list[tuple[str, bool
         if rng.random() < 0.2:  # a slip copying one operand
             x = rng.choice([v for v in range(LOW, HIGH + 1) if v != a])
         result = x + y
-        answer = result if rng.random() < 0.5 else rng.randint(2 * LOW, 2 * HIGH)
+        answer = result if rng.random() < copy_result else rng.randint(2 * LOW, 2 * HIGH)
         segments += [(f"<calc>{x}+{y}</calc><eos>", True), (f"<r>{result}</r>", False), (f"<a>{answer}</a><eos>", True)]
     else:
         segments.append((f"<a>{rng.randint(2 * LOW, 2 * HIGH)}</a><eos>", True))

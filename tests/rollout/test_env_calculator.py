@@ -86,5 +86,6 @@ def test_shipped_checkpoint_records_its_base_rates():
     from relax.models.tiny.calculator import CHECKPOINT
 
     rates = torch.load(CHECKPOINT, weights_only=True)["base_rates"]
-    assert 0.05 < rates["correct"] < 0.3 and 0.2 < rates["tool_call_share"] < 0.5
+    # the model can hardly answer right on its own, and calls the tool in a minority of episodes
+    assert rates["correct"] < 0.05 and 0.05 < rates["tool_call_share"] < 0.3
     assert load_calculator_model().config.vocab_size == 21

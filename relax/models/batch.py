@@ -68,7 +68,7 @@ class TokenBatch:
         """Positions counted from each row's first real token (left padding gets position 0)."""
         return (self.attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
 
-    def select(self, rows) -> "TokenBatch":
+    def select(self, rows) -> TokenBatch:
         return TokenBatch(
             prompt_ids=self.prompt_ids[rows],
             prompt_mask=self.prompt_mask[rows],
@@ -77,7 +77,7 @@ class TokenBatch:
             response_attention_mask=_apply(self.response_attention_mask, lambda m: m[rows]),
         )
 
-    def to(self, device: torch.device | str) -> "TokenBatch":
+    def to(self, device: torch.device | str) -> TokenBatch:
         return TokenBatch(
             prompt_ids=self.prompt_ids.to(device),
             prompt_mask=self.prompt_mask.to(device),

@@ -29,7 +29,14 @@ from relax.models.tiny.model import TinyCausalLM
 from relax.rollout.base import SamplingParams
 from relax.rollout.environments.episodes import EpisodeRunner
 from relax.rollout.sampling import sample_groups
-from relax.rollout.tasks.calculator import HIGH, LOW, MAX_NEW_TOKENS, REWARD_KEYS, CalculatorEnv, CalculatorPrompts
+from relax.rollout.tasks.calculator import (
+    HIGH,
+    LOW,
+    MAX_NEW_TOKENS,
+    REWARD_KEYS,
+    CalculatorEnv,
+    CalculatorPrompts,
+)
 
 RECIPE = {"steps": 1200, "batch_size": 64, "lr": 3e-3, "seed": 0, "tool_share": 0.15, "copy_result": 0.25}
 _TOK = CalculatorTokenizer()

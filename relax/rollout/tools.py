@@ -65,7 +65,7 @@ class Tool:
         self.check_arguments(arguments)
         try:
             return str(self.fn(**arguments))
-        except Exception as exc:  # noqa: BLE001 - the model sees the error, the run goes on
+        except Exception as exc:
             raise ToolCallError(f"{self.name} raised {type(exc).__name__}: {exc}") from exc
 
 
@@ -75,7 +75,7 @@ class ToolCall:
     arguments: Mapping[str, Any]
 
 
-_JSON_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
+_JSON_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 
 
 def parse_tool_calls(text: str, syntax: str, tools: Sequence[Tool]) -> list[ToolCall]:
@@ -98,7 +98,7 @@ def parse_tool_calls(text: str, syntax: str, tools: Sequence[Tool]) -> list[Tool
         calls = []
         for tool in tools:
             opening, closing = f"<{tool.name}>", f"</{tool.name}>"
-            for match in re.finditer(re.escape(opening) + "(.*?)(" + re.escape(closing) + "|$)", text, re.S):
+            for match in re.finditer(re.escape(opening) + "(.*?)(" + re.escape(closing) + "|$)", text, re.DOTALL):
                 if not match.group(2):
                     raise ToolCallError(f"{opening} without its closing {closing}")
                 (argument,) = tool.parameters.get("required", ())[:1] or ("input",)

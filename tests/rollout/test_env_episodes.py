@@ -116,8 +116,8 @@ class _Bad(Environment):
 
 
 @pytest.mark.parametrize("result, match", [
-    (KeyError("board"), r"environment tests:Env, episode 0 \(prompt '<bos>3\+4='\), turn 1, training step 5: "
-                        r"step\(\) raised KeyError"),
+    (KeyError("board"), (r"environment tests:Env, episode 0 \(prompt '<bos>3\+4='\), turn 1, training step 5: "
+                         r"step\(\) raised KeyError")),
     ({"observation": "7"}, r"turn 1, training step 5: step\(\) returned dict; it must return relax.rollout.EnvStep"),
     (EnvStep(done=True, rewards={"seven": math.nan, "short": 0.0}), r"reward 'seven' = nan, which is not a finite"),
     (EnvStep(done=True, rewards={"seven": True, "short": 0.0}), r"reward 'seven' = True of type bool"),

@@ -10,8 +10,8 @@ import pytest
 pytest.importorskip("textarena", reason="the envs extra (textarena) is not installed")
 pytest.importorskip("transformers", reason="the hf extra (transformers) is not installed")
 
-from relax.rollout.environments.textarena import GuessTheNumber, TextArenaEnv, opening_prompts  # noqa: E402
-from tests.runtime.run_results import training_rows  # noqa: E402
+from relax.rollout.environments.textarena import GuessTheNumber, TextArenaEnv, opening_prompts
+from tests.runtime.run_results import training_rows
 
 
 def test_guess_the_number_plays_to_the_end():

@@ -21,9 +21,9 @@ def load_environment(spec: str) -> Callable[[], Any]:
     """The ``--env-path`` class (or any callable returning a fresh environment)."""
     obj = load_attribute(spec, ENV_FLAG, expected="'package.module:ClassName', e.g. 'my_envs:TwoTurn'")
     if not callable(obj):
-        raise ValueError(f"{ENV_FLAG} {spec!r} is a {type(obj).__name__}, not a class")
+        raise ValueError(f"{ENV_FLAG} {spec!r} is a {type(obj).__name__}, not a class")  # noqa: TRY004 - a flag's value
     if isinstance(obj, type) and not callable(getattr(obj, "step", None)):
-        raise ValueError(f"{ENV_FLAG} {spec!r}: class {obj.__name__} has no step(completion) method; see "
+        raise ValueError(f"{ENV_FLAG} {spec!r}: class {obj.__name__} has no step(completion) method; see "  # noqa: TRY004
                          "relax.rollout.Environment")
     return obj
 

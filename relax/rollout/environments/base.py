@@ -42,7 +42,7 @@ class Environment(abc.ABC):
     """Subclass this (or write any class with the same two methods) and pass
     ``--env-path package.module:YourClass``."""
 
-    def reset(self, sample: Mapping[str, Any]) -> None:  # noqa: B027 - optional to override
+    def reset(self, sample: Mapping[str, Any]) -> None:
         """Start an episode on ``sample`` = ``{"prompt", "label", "metadata"}`` of one prompt row."""
 
     @abc.abstractmethod

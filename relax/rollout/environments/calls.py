@@ -62,7 +62,7 @@ class EnvCaller:
             for k, future in futures.items():
                 try:
                     values[k] = future.result()
-                except (asyncio.TimeoutError, TimeoutError):
+                except TimeoutError:
                     raise self._timed_out(method, episodes[k], turn) from None
                 except Exception as exc:
                     raise self._raised(method, episodes[k], turn, exc) from exc

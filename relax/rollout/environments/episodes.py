@@ -64,7 +64,7 @@ class EpisodeRunner:
     timeout: float | None = None
     step: int | None = None
 
-    def at_step(self, step: int | None) -> "EpisodeRunner":
+    def at_step(self, step: int | None) -> EpisodeRunner:
         return attrs.evolve(self, step=step)
 
     def sample(self, engine, prompts: Sequence[Prompt], n: int, params: SamplingParams, *,

@@ -1,4 +1,4 @@
-"""TextArena (``pip install 'relax-rl[envs]'``, ``textarena==0.7.4``) games as relax environments.
+"""TextArena games as relax environments (``textarena==0.7.4``: ``pip install -e '.[envs]' torch==2.13.0``).
 
 TextArena's single-player text games (GuessTheNumber, Mastermind, Hangman, Wordle, ...) run in
 process: ``reset`` writes the game's opening instructions, every ``step(action)`` answers the
@@ -32,7 +32,8 @@ def _textarena():
     try:
         import textarena
     except ImportError as exc:
-        raise ImportError("the TextArena environments need textarena: pip install 'relax-rl[envs]'") from exc
+        raise ImportError("the TextArena environments need textarena: "
+                          "pip install -e '.[envs]' torch==2.13.0") from exc
     return textarena
 
 

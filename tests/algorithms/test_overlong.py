@@ -122,3 +122,13 @@ def test_the_rollout_gives_reward_functions_the_token_count():
     lengths = r["gen"].batch.response_mask.sum(1).tolist()
     assert [s for s, _ in seen] == lengths and {m for _, m in seen} == {6}
     assert r["rewards"][:, 0].tolist() == [float(n) for n in lengths]
+
+
+def test_the_filter_is_refused_for_multi_turn_episodes():
+    from relax.algorithms import get_algorithm
+    from relax.runtime.validation import ConfigError, validate
+
+    cfg = RunConfig(advantage_estimator="grpo", algorithm=AlgorithmConfig(n_samples_per_prompt=4, reward_keys=KEYS),
+                    env_path="my_envs:make_env", overlong_filter=True)
+    with pytest.raises(ConfigError, match="--overlong-filter .* multi-turn"):
+        validate(cfg, get_algorithm("grpo"))

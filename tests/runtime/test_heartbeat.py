@@ -274,11 +274,11 @@ def _rows(tmp_path: Path) -> int:
 
 @needs_proc
 @pytest.mark.slow
-@pytest.mark.timeout(420)
+@pytest.mark.timeout(900)
 def test_a_stopped_rollout_worker_ends_the_run_with_a_line_naming_it(tmp_path):
     run, _ = _start_run(tmp_path, "--num-rollout", "400", "--seed", "7", "--worker-timeout", "8")
     try:
-        _wait_until(lambda: _rows(tmp_path) >= 2 or run.poll() is not None, 300, "two trained steps")
+        _wait_until(lambda: _rows(tmp_path) >= 2 or run.poll() is not None, 600, "two trained steps")
         assert run.poll() is None, run.communicate()[1]
         (rollout,) = _children_named(run.pid, "ray::RolloutWorker")
         ray_processes = reaper.descendants(run.pid)  # every Ray process of the run, before the stop
@@ -326,7 +326,7 @@ def test_no_ray_process_survives_a_killed_driver(tmp_path):
 
 @needs_proc
 @pytest.mark.slow
-@pytest.mark.timeout(420)
+@pytest.mark.timeout(720)
 def test_sigterm_during_ray_start_up_exits_143_and_leaves_no_ray_process(tmp_path):
     run, _ = _start_run(tmp_path, "--num-rollout", "3")
     seen: dict[int, int] = {}
@@ -335,7 +335,7 @@ def test_sigterm_during_ray_start_up_exits_143_and_leaves_no_ray_process(tmp_pat
             seen.update(reaper.descendants(run.pid))
             return any("gcs_server" in _cmdline(p) for p in seen) or run.poll() is not None
 
-        _wait_until(ray_is_starting, 300, "Ray's start-up (its gcs_server)")
+        _wait_until(ray_is_starting, 600, "Ray's start-up (its gcs_server)")
         assert run.poll() is None, run.communicate()[1]
         run.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + 120

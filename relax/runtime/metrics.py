@@ -147,9 +147,13 @@ class MetricsLog:
 
     def write(self, row: Mapping) -> None:
         row = {k: v for k, v in row.items() if k not in (COMPLETIONS_KEY, EVAL_COMPLETIONS_KEY)}
+        try:
+            with self.path.open("a") as f:
+                f.write(json.dumps(row) + "\n")
+        except OSError as exc:  # a full disk: one line; a partial line is dropped on resume (read_metrics)
+            raise RunFailed(f"{self.path}: writing the metrics of step {row.get('step')} failed: "
+                            f"{exc.strerror or exc}; the rows before it are kept") from exc
         self.rows.append(row)
-        with self.path.open("a") as f:
-            f.write(json.dumps(row) + "\n")
 
 
 # Diagnostics shown below the reward table at the end of a run (besides each component's mean).

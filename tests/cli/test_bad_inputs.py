@@ -1108,3 +1108,17 @@ def test_rays_node_start_up_timeout_is_one_line(monkeypatch, cli, ws):
         "relax train: error: Ray did not start: its node timed out during start-up (the raylet or the GCS did not "
         "answer within 30 s, which an overloaded machine does); retry when the machine is less busy, or start Ray "
         "yourself (`ray start --head --num-cpus N`) and pass --ray-address"]
+
+
+def test_a_metrics_line_that_cannot_be_written_is_one_line(tmp_path):
+    from relax.runtime.metrics import MetricsLog
+    from relax.runtime.run_errors import RunFailed
+
+    log = MetricsLog(tmp_path / "metrics.jsonl")
+    log.write({"step": 1, "x": 1.0})
+    (tmp_path / "metrics.jsonl").unlink()
+    (tmp_path / "metrics.jsonl").mkdir()  # stands for a disk that refuses the write
+    with pytest.raises(RunFailed, match=r"metrics.jsonl: writing the metrics of step 2 failed: Is a directory; the "
+                                        r"rows before it are kept"):
+        log.write({"step": 2, "x": 2.0})
+    assert [r["step"] for r in log.rows] == [1]

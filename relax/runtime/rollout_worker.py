@@ -49,11 +49,6 @@ from relax.runtime.metrics import completion_records, response_stats
 from relax.runtime.rollouts import step_shape
 from relax.runtime.weight_sync import ObjectStoreSync
 
-# Fields the rollout writes for every kept completion. Masks travel as bool (1 byte, not 8: the
-# readers want bool anyway). The sampler's per-token log-probs are not written: no role reads them,
-# and every field costs a serialization per prompt group on each put and get.
-ROLLOUT_FIELDS = ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "rewards", "raw_rewards")
-
 
 def filter_groups(algorithm, rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
     """Boolean ``[N]``: keep the samples whose prompt group carries a learning signal, as the
@@ -209,13 +204,15 @@ class RolloutCore:
                 sequences_per_group += loss_mask.any(1).view(-1, n).sum(1).tolist()
             tokens_per_group += loss_mask.sum(1).view(-1, n).sum(1).tolist()
             if self.data_plane is not None:
+                # Only what a role reads: every field costs a serialization per prompt group on each
+                # put and get (masks as bool: 1 byte, not 8). The raw reward components stay in the
+                # driver's report; the sampling log-probs travel only for an off-policy correction.
                 fields = {
                     "prompt_ids": batch.prompt_ids[k],
                     "prompt_mask": batch.prompt_mask[k].bool(),
                     "response_ids": batch.response_ids[k],
                     "response_mask": loss_mask,
                     "rewards": normalized[offset : offset + count].float(),
-                    "raw_rewards": r["rewards"][k],
                 }
                 if batch.response_attention_mask is not None:  # environment turns (relax.models.batch)
                     fields[ATTENTION_FIELD] = batch.response_attention_mask[k].bool()

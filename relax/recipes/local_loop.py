@@ -170,7 +170,8 @@ def train_local(
             per_sample_advantage = torch.zeros(len(all_rewards), dtype=torch.float64)
             if keep.any():
                 train_metrics = _train_on_kept(
-                    algorithm, backend, gen.batch, rewards, group_ids, keep, num_minibatches, per_sample_advantage
+                    algorithm, backend, gen.batch, rewards, group_ids, keep, num_minibatches, per_sample_advantage,
+                    task.max_new_tokens,
                 )
                 record.update({f"train/{k}": v for k, v in train_metrics.items()})
                 engine.load_weights(backend.export_weights())
@@ -214,6 +215,7 @@ def _train_on_kept(
     keep: torch.Tensor,
     num_minibatches: int,
     per_sample_advantage: torch.Tensor,
+    max_response_length: int,
 ) -> dict[str, float]:
     """Advantages + one optimizer step per mini-batch on the kept rows; returns the averaged train
     metrics and writes each kept sample's mean token advantage into ``per_sample_advantage``."""
@@ -239,6 +241,7 @@ def _train_on_kept(
         loss_fn = policy_loss_fn(
             algorithm, old_log_probs=old[part], advantages=advantages[part], response_mask=mini.response_mask,
             global_num_tokens=float(mini.response_mask.sum()), global_num_sequences=float(len(mini)),
+            max_response_length=max_response_length,
         )
         for name, value in backend.train_step(mini, loss_fn).items():
             sums[name] = sums.get(name, 0.0) + float(value)

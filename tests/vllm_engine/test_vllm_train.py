@@ -13,6 +13,7 @@ from pathlib import Path
 import attrs
 import pytest
 import torch
+from vllm_checkpoints import tiny_qwen2
 
 from relax.config.algorithm import AlgorithmConfig
 from relax.config.run import RunConfig
@@ -70,9 +71,7 @@ def _check_run(out: Path, steps: int) -> list[dict]:
 @pytest.mark.timeout(900)
 def test_gdpo_trains_with_the_vllm_engine_holding_the_trainers_weights(run_in_cluster, tmp_path):
     from relax.models.hf.loading import load_hf_model
-    from relax.models.hf.tiny_random import build_tiny_random_checkpoint
-
-    ckpt = build_tiny_random_checkpoint(tmp_path / "tiny-qwen2", "qwen2")
+    ckpt = tiny_qwen2(tmp_path / "tiny-qwen2")
     config = _config(ckpt, tmp_path, max_prompt_len=64)  # the engine then reserves 64 + 8 tokens per sequence
     summary = run_in_cluster(config)
     _check_run(Path(config.output_dir), 4)
@@ -99,9 +98,7 @@ def test_two_vllm_rollout_workers_in_a_fully_async_run(run_in_cluster, tmp_path)
     """Each of two rollout workers holds its own vLLM engine, and each gets every new policy. With
     --max-staleness 0 every step samples with the policy the trainer holds, so the mismatch stays at
     float rounding; with a larger bound it also measures the policy lag (docs/en/rollout-engines.md)."""
-    from relax.models.hf.tiny_random import build_tiny_random_checkpoint
-
-    ckpt = build_tiny_random_checkpoint(tmp_path / "tiny-qwen2", "qwen2", seed=1)
+    ckpt = tiny_qwen2(tmp_path / "tiny-qwen2", seed=1)
     config = _config(ckpt, tmp_path, rollout_num_workers=2, fully_async=True, max_staleness=0,
                      eval_prompt_data=None)
     run_in_cluster(config)
@@ -120,9 +117,7 @@ def test_the_vllm_sampling_flags_reach_the_engine(run_in_cluster, tmp_path):
     --rollout-min-p truncate the engine's distribution, so its log-probs are no longer the trainer's
     full-distribution ones and rollout/logprob_abs_diff rises far above the float rounding it shows
     without them (test_gdpo_trains_with_the_vllm_engine_holding_the_trainers_weights)."""
-    from relax.models.hf.tiny_random import build_tiny_random_checkpoint
-
-    ckpt = build_tiny_random_checkpoint(tmp_path / "tiny-qwen2", "qwen2", seed=2)
+    ckpt = tiny_qwen2(tmp_path / "tiny-qwen2", seed=2)
     config = _config(ckpt, tmp_path, num_rollout=2, eval_prompt_data=None, rollout_top_k=3, rollout_min_p=0.05,
                      rollout_stop=STOPS, log_completions=16)
     run_in_cluster(config)

@@ -338,7 +338,8 @@ def check_reward(config: RunConfig, prompts: list) -> None:
     limit = max(REWARD_PREFLIGHT_TIMEOUT_S, (config.reward_timeout or 0) * len(samples))
     try:
         done, values = _call_with_timeout(
-            lambda: call_reward_function(fn, *(list(col) for col in zip(*(s[1:] for s in samples)))),
+            lambda: call_reward_function(fn, *(list(col) for col in zip(*(s[1:] for s in samples))),
+                                         concurrency=config.reward_concurrency),  # called as the rollout calls it
             limit,
         )
     except RuntimeError as exc:  # a BaseException that is not an Exception (SystemExit), from _call_with_timeout

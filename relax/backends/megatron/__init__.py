@@ -6,7 +6,9 @@ missing install into an error that says which extra to install.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import warnings
 from pathlib import Path
 
 from relax.backends.base import TrainingBackend
@@ -21,10 +23,25 @@ class MegatronNotInstalled(ImportError):
     pass
 
 
+# megatron-core's notes, at import, that it falls back to torch without apex / Transformer Engine
+# (always the case on CPU): news for whoever picks fused kernels, noise in every Megatron run's output.
+CPU_FALLBACK_NOTES = ("Transformer Engine and Apex are not installed", "Apex is not installed",
+                      "Transformer Engine is not installed")
+
+
+@contextlib.contextmanager
+def _without_fallback_notes():
+    with warnings.catch_warnings():
+        for note in CPU_FALLBACK_NOTES:
+            warnings.filterwarnings("ignore", message=note)
+        yield
+
+
 def require_megatron() -> None:
     """Raise ``MegatronNotInstalled`` with the install hint if megatron-core cannot be imported."""
     try:
-        import megatron.core  # noqa: F401
+        with _without_fallback_notes():
+            import megatron.core  # noqa: F401
     except ImportError as exc:
         raise MegatronNotInstalled(f"{INSTALL_HINT} ({exc})") from exc
 
@@ -32,7 +49,8 @@ def require_megatron() -> None:
 def load_megatron_backend():
     """The ``MegatronBackend`` class (imports megatron-core)."""
     require_megatron()
-    from relax.backends.megatron.backend import MegatronBackend
+    with _without_fallback_notes():
+        from relax.backends.megatron.backend import MegatronBackend
 
     return MegatronBackend
 

@@ -48,7 +48,8 @@ def test_relax_train_three_steps_on_guess_the_number(ray_cluster, tmp_path, monk
     out = tmp_path / "guess"
     argv = ["train", "--hf-checkpoint", str(ckpt), "--prompt-data", str(data), "--metadata-key", "metadata",
             "--apply-chat-template", "--env-path", "relax.rollout.environments.textarena:TextArenaEnv",
-            "--reward-keys", "reward", "--advantage-estimator", "reinforce_plus_plus", "--max-turns", "3",
+            "--reward-keys", "reward", "--advantage-estimator", "reinforce_plus_plus", "--normalize-advantages",
+            "--max-turns", "3",
             "--num-rollout", "3", "--rollout-batch-size", "2", "--n-samples-per-prompt", "2",
             "--rollout-max-response-len", "6", "--log-completions", "4", "--output-dir", str(out),
             "--no-progress", "--seed", "1"]

@@ -198,10 +198,10 @@ def load_tokenizer(config: RunConfig):
 def check_model(config: RunConfig, tokenizer) -> None:
     """``--hf-checkpoint``: a causal LM whose vocabulary covers the tokenizer, whose weight files are
     whole and match ``config.json``, with the ``--lora-target-modules`` it names
-    (``relax.runtime.model_checks``)."""
+    (``relax.models.hf.checks``)."""
     if not config.hf_checkpoint:
         return
-    from relax.runtime.model_checks import check_hf_model
+    from relax.models.hf.checks import check_hf_model
 
     with _quiet():
         problem = check_hf_model(config, tokenizer)

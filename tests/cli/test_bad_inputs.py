@@ -469,7 +469,7 @@ def test_run_errors_pickle_intact():
     data_error = PromptDataError("d.jsonl", [(2, "not valid JSON"), (5, "missing --input-key 'prompt'")], "line")
     copy = pickle.loads(pickle.dumps(data_error))
     assert str(copy) == str(data_error) and copy.errors == data_error.errors and "line 5" in str(copy)
-    from relax.cli.validation import ConfigError
+    from relax.runtime.validation import ConfigError
 
     assert pickle.loads(pickle.dumps(ConfigError(["a", "b"]))).errors == ["a", "b"]
     for cls in (RewardError, CheckpointError, RunDirError, AlgorithmOutputError):
@@ -1122,3 +1122,15 @@ def test_a_metrics_line_that_cannot_be_written_is_one_line(tmp_path):
                                         r"rows before it are kept"):
         log.write({"step": 2, "x": 2.0})
     assert [r["step"] for r in log.rows] == [1]
+
+
+def test_relax_plot_on_random_bytes_is_one_line(cli, tmp_path):
+    import random
+
+    (tmp_path / "noise").mkdir()
+    (tmp_path / "noise" / "metrics.jsonl").write_bytes(random.Random(1).randbytes(4096))
+    before = _snapshot(tmp_path)
+    code, out, err = cli("plot", tmp_path / "noise")
+    assert code == 2 and out == "" and "Traceback" not in err and err.count("relax plot: error:") == 1
+    assert f"{tmp_path / 'noise' / 'metrics.jsonl'}: line 1 is not" in err
+    assert _snapshot(tmp_path) == before  # no rewards.png, nothing else written

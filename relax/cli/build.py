@@ -17,7 +17,7 @@ import attrs
 from relax.algorithms import load_algorithm
 from relax.algorithms.base import RLAlgorithm
 from relax.cli.arguments import method_fields
-from relax.cli.validation import ConfigError, describe
+from relax.runtime.validation import ConfigError, describe
 from relax.config.algorithm import AlgorithmConfig
 from relax.config.fields import flag_default, flag_name
 from relax.config.run import RunConfig, default_run_name, output_dir_of

@@ -35,7 +35,7 @@ from relax.cli.config_file import (
 from relax.cli.plot import add_plot_arguments, run_plot, write_run_plot
 from relax.cli.preflight import PreflightError, preflight
 from relax.cli.suggest import closest
-from relax.cli.validation import ConfigError, resolve_batch_shape, validate
+from relax.runtime.validation import ConfigError, resolve_batch_shape, validate
 from relax.config.run import RunConfig
 
 TRAIN_DESCRIPTION = """\

@@ -2,7 +2,7 @@
 entry point. ``relax train`` (``relax.cli``) runs it before anything starts and prints its warnings;
 ``relax.runtime.train.run(config)`` runs it again, so a ``RunConfig`` built in Python is refused
 exactly as the same command line would be. It lives in the runtime layer because ``run`` must not
-import the CLI; ``relax.cli.validation`` re-exports it.
+import the CLI.
 
 Every rule reads the class's capability attributes (``relax.algorithms.capabilities``) and the
 configuration; none compares algorithm names, so a user's own ``RLAlgorithm`` subclass loaded from

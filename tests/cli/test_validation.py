@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 import relax.backends.megatron as megatron_pkg
-import relax.runtime.validation as validation  # the rules; relax.cli.validation re-exports them
+import relax.runtime.validation as validation
 from relax.algorithms import BUILTIN_ALGORITHMS, algorithm_names, get_algorithm
 
 
@@ -358,7 +358,7 @@ def test_default_reward_keys_reads_the_task_registry(monkeypatch):
     import types
 
     from relax.cli import build
-    from relax.cli.validation import ConfigError
+    from relax.runtime.validation import ConfigError
 
     monkeypatch.undo()  # the real default_reward_keys, not the fixture's
     fake = types.ModuleType("relax.rollout.tasks")

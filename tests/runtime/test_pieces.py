@@ -279,7 +279,7 @@ def test_a_checkpoint_of_the_other_backend_is_refused_naming_the_flags():
 
 
 def test_hf_checkpoint_with_megatron_is_a_configuration_error(monkeypatch, tmp_path):
-    from relax.cli import validation
+    from relax.runtime import validation
 
     monkeypatch.setattr(megatron_pkg, "megatron_installed", lambda: True)
     algo = get_algorithm("gdpo")

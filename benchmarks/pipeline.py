@@ -51,8 +51,8 @@ WARMUP_STEPS = 5
 
 
 def _median_after_warmup(values):
-    values = list(values)[WARMUP_STEPS:] or list(values)
-    return statistics.median(values)
+    values = list(values)  # a generator can be read once
+    return statistics.median(values[WARMUP_STEPS:] or values)
 
 
 def bare(algo: str, steps: int) -> dict:

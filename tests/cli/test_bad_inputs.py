@@ -1,6 +1,6 @@
 """The bad-input table: each mistake a user can make before training exits with status 2, one
 ``relax train: error:`` message naming the flag, file, line, sample or key, no traceback, and leaves
-every file the user had untouched. Pre-flight (relax/runtime/preflight.py) runs these checks before any
+every file the user had untouched. Pre-flight (relax/runtime/preflight/) runs these checks before any
 process starts, in ``--dry-run`` too.
 
 The table runs ``relax.cli.main.main`` in-process with ``run_train`` replaced by a stub that fails the
@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import relax.runtime.preflight as preflight_module
+import relax.runtime.preflight.rewards as preflight_rewards
 from relax.config.algorithm import AlgorithmConfig
 from relax.cli.config_file import write_effective_config
 from relax.config.run import RunConfig
@@ -126,7 +126,7 @@ def rewards_dir(tmp_path_factory):
 def ws(tmp_path, monkeypatch, rewards_dir):
     """A user's working directory holding good and bad inputs; the test runs in it."""
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(preflight_module, "REWARD_PREFLIGHT_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(preflight_rewards, "REWARD_PREFLIGHT_TIMEOUT_S", 1.0)
     d = tmp_path
     (d / "good.jsonl").write_text('{"prompt": "<bos>1+2=", "label": 3}\n{"prompt": "<bos>4+4=", "label": 8}\n')
     (d / "bad_json.jsonl").write_text('{"prompt": "<bos>1+2=", "label": 3}\n{"prompt": "<bos>1+\n')

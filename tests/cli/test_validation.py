@@ -422,9 +422,10 @@ def test_user_copy_matches_builtin(cli, user_module, builtin):
 
 
 def test_validation_module_has_no_algorithm_name_literal():
-    import relax.runtime.batch_shape as batch_shape  # the batch-shape rule lives there
+    from relax.runtime import batch_shape, engine_rules, method_rules, reward_rules  # the rules' modules
 
-    source = Path(validation.__file__).read_text() + "\n" + Path(batch_shape.__file__).read_text()
+    modules = (validation, batch_shape, method_rules, reward_rules, engine_rules)
+    source = "\n".join(Path(module.__file__).read_text() for module in modules)
     names = algorithm_names()
     assert "gdpo" in names and len(names) >= 2  # the scan below is only meaningful with the real list
     hits = []

@@ -12,7 +12,8 @@ An AST scan of ``relax/``. What counts as a read:
 
 What does not count: ``relax/cli`` (parsing, building, messages), the declarations
 (``relax/config/``, ``relax/algorithms/capabilities.py``), and, for configuration fields,
-``relax/runtime/validation.py``: a rule that checks a flag is not an effect of the flag. For
+``relax/runtime/validation.py`` and its rule modules (method, reward, engine rules): a rule that
+checks a flag is not an effect of the flag. For
 capabilities the rules *are* the effect (``requires_rewards_normalization`` refuses a switch), and
 ``relax.runtime.train.run`` applies them on every entry point, which the last test checks.
 """
@@ -30,7 +31,7 @@ from relax.config.run import RunConfig
 
 ROOT = Path(__file__).resolve().parents[2] / "relax"
 DECLARATIONS = {"config/fields.py", "config/algorithm.py", "config/__init__.py", "algorithms/capabilities.py"}
-VALIDATION = "runtime/validation.py"
+VALIDATION = {f"runtime/{name}.py" for name in ("validation", "method_rules", "reward_rules", "engine_rules")}
 CONFIG_NAMES = {"config", "cfg", "c", "a", "run_config", "algorithm"}
 
 # RunConfig's fields and every built-in method's Config fields (the shared AlgorithmConfig's included)
@@ -65,9 +66,9 @@ def readers(root: Path = ROOT, skip: frozenset = frozenset()) -> tuple[dict[str,
             if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
                 if node.attr in CAPABILITIES:
                     caps.setdefault(node.attr, set()).add(rel)
-                if node.attr in FIELDS and rel != VALIDATION and _is_config(node.value, rel):
+                if node.attr in FIELDS and rel not in VALIDATION and _is_config(node.value, rel):
                     fields.setdefault(node.attr, set()).add(rel)
-            if isinstance(node, ast.Call) and node.args and rel != VALIDATION:
+            if isinstance(node, ast.Call) and node.args and rel not in VALIDATION:
                 func = node.func
                 literal = [a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
                 if isinstance(func, ast.Name) and func.id == "getattr" and len(node.args) >= 2:

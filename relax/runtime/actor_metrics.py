@@ -1,4 +1,5 @@
-"""Combine the actor ranks' per-optimizer-step metrics into the values logged for one rollout step.
+"""The actor ranks' metrics: each rank's shares of a mini-batch's health metrics (``policy_health_shares``),
+and their combination into the values logged for one rollout step (``combine_actor_metrics``).
 
 The loss and the loss metrics of one optimizer step are *shares* of the mini-batch
 (``relax.algorithms.types.PolicyLossOutput``): each data-parallel rank holds its part, normalized by
@@ -10,6 +11,10 @@ reports the same number, and summing would multiply it by the number of ranks.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+
+import torch
+
+from relax.algorithms import numerics
 
 # Metrics every rank reports identically (taken from one rank, never summed).
 REPLICATED_METRICS = frozenset({"grad_norm", "lr"})
@@ -62,3 +67,26 @@ def combine_actor_metrics(
         name: sum(step[name] for step in per_step if name in step) / sum(1 for step in per_step if name in step)
         for name in names
     }
+
+
+def policy_health_shares(shard: dict, rows: slice, response_mask: torch.Tensor, global_tokens: float,
+                         kl_type: str) -> dict[str, float]:
+    """This rank's shares of one mini-batch's health metrics, measured on the policy *before* the
+    step's update (the old log-probs pass), whatever the loss uses: ``policy_entropy``, the token
+    mean of the policy's entropy over the response tokens, and, with a reference model,
+    ``kl_to_ref``, the token mean of the per-token KL estimate (``--kl-loss-type``) to it, and, where
+    the samples carry the engine's log-probs, ``logprob_abs_diff``, the token mean of |engine - old|
+    log-prob (logged as ``rollout/logprob_abs_diff``: the rollout/training mismatch). Shares are
+    sums over this rank's tokens divided by the mini-batch's global token count, so the driver's sum
+    over data-parallel ranks is the whole mini-batch's mean (``combine_actor_metrics``)."""
+    mask = response_mask.float()
+    shares = {"policy_entropy": float((shard["old_entropy"][rows].float() * mask).sum()) / global_tokens}
+    if "ref_log_probs" in shard:
+        kl = numerics.kl_estimate(shard["old_log_probs"][rows], shard["ref_log_probs"][rows], kl_type)
+        shares["kl_to_ref"] = float((kl * mask).sum()) / global_tokens
+    engine_log_probs = shard.get("fields", {}).get("rollout_log_probs")
+    if engine_log_probs is not None:
+        engine = engine_log_probs[rows].float()
+        gap = (engine - shard["old_log_probs"][rows].float()).abs()
+        shares["logprob_abs_diff"] = float((gap * mask).sum()) / global_tokens
+    return shares

@@ -24,9 +24,14 @@ from relax.algorithms.types import check_advantages_output
 from relax.backends.registry import get_backend
 from relax.models.batch import TokenBatch, response_log_probs
 from relax.models.factory import build_policy_model, build_reference_model, forward_logits_fn
-from relax.runtime.actor_metrics import STEP_METRICS_KEY, combine_actor_metrics, logged_name
 from relax.rollout.engines import carries_behaviour_log_probs
 from relax.rollout.environments import is_multi_turn
+from relax.runtime.actor_metrics import (
+    STEP_METRICS_KEY,
+    combine_actor_metrics,
+    logged_name,
+    policy_health_shares,
+)
 from relax.runtime.fields import ATTENTION_FIELD, BATCH_FIELDS, AttachesDataPlane, token_batch
 from relax.runtime.losses import policy_loss_fn, zero_loss
 from relax.runtime.rollouts import plan_from_rollouts
@@ -288,29 +293,6 @@ class ActorCore:
         self.backend.load_state_dict(state["backend"])
         torch.set_rng_state(state["torch_rng"])
         return True
-
-
-def policy_health_shares(shard: dict, rows: slice, response_mask: torch.Tensor, global_tokens: float,
-                         kl_type: str) -> dict[str, float]:
-    """This rank's shares of one mini-batch's health metrics, measured on the policy *before* the
-    step's update (the old log-probs pass), whatever the loss uses: ``policy_entropy``, the token
-    mean of the policy's entropy over the response tokens, and, with a reference model,
-    ``kl_to_ref``, the token mean of the per-token KL estimate (``--kl-loss-type``) to it, and, where
-    the samples carry the engine's log-probs, ``logprob_abs_diff``, the token mean of |engine - old|
-    log-prob (logged as ``rollout/logprob_abs_diff``: the rollout/training mismatch). Shares are
-    sums over this rank's tokens divided by the mini-batch's global token count, so the driver's sum
-    over data-parallel ranks is the whole mini-batch's mean (``relax.runtime.actor_metrics``)."""
-    mask = response_mask.float()
-    shares = {"policy_entropy": float((shard["old_entropy"][rows].float() * mask).sum()) / global_tokens}
-    if "ref_log_probs" in shard:
-        kl = numerics.kl_estimate(shard["old_log_probs"][rows], shard["ref_log_probs"][rows], kl_type)
-        shares["kl_to_ref"] = float((kl * mask).sum()) / global_tokens
-    engine_log_probs = shard.get("fields", {}).get("rollout_log_probs")
-    if engine_log_probs is not None:
-        engine = engine_log_probs[rows].float()
-        gap = (engine - shard["old_log_probs"][rows].float()).abs()
-        shares["logprob_abs_diff"] = float((gap * mask).sum()) / global_tokens
-    return shares
 
 
 def _empty_batch() -> TokenBatch:

@@ -13,7 +13,8 @@ from memory_plane import MemoryDataPlane
 from relax.algorithms import AlgorithmConfig
 from relax.models.tiny.model import TinyCausalLM
 from relax.models.tiny.weights import load_warmup_model
-from relax.runtime.actor_worker import ActorCore, policy_health_shares
+from relax.runtime.actor_metrics import policy_health_shares
+from relax.runtime.actor_worker import ActorCore
 from relax.config.run import RunConfig
 from relax.runtime.fields import BATCH_FIELDS, token_batch
 from relax.runtime.rollout_worker import RolloutCore

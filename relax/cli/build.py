@@ -17,11 +17,12 @@ import attrs
 from relax.algorithms import load_algorithm
 from relax.algorithms.base import RLAlgorithm
 from relax.cli.arguments import method_fields
-from relax.runtime.validation import ConfigError, describe
 from relax.config.algorithm import AlgorithmConfig
 from relax.config.fields import flag_default, flag_name
-from relax.config.run import RunConfig, default_run_name, output_dir_of
+from relax.config.output_dir import default_run_name, output_dir_of
+from relax.config.run import RunConfig
 from relax.rollout.rewards import SCALAR_REWARD_KEY, load_function, load_reward_function
+from relax.runtime.validation import ConfigError, describe
 
 RUN_FIELDS = {name: f for name, f in attrs.fields_dict(RunConfig).items() if name != "algorithm"}
 

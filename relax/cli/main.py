@@ -35,8 +35,8 @@ from relax.cli.config_file import (
 from relax.cli.plot import add_plot_arguments, run_plot, write_run_plot
 from relax.cli.preflight import PreflightError, preflight
 from relax.cli.suggest import closest
-from relax.runtime.validation import ConfigError, resolve_batch_shape, validate
 from relax.config.run import RunConfig
+from relax.runtime.validation import ConfigError, resolve_batch_shape, validate
 
 TRAIN_DESCRIPTION = """\
 Train a policy with an RL method. Everything is checked before any process starts; a rejected
@@ -183,7 +183,7 @@ def run_train(config: RunConfig):
     """Lock the output directory, write ``<output_dir>/config.yaml`` and start the runtime (imported
     here: it imports ray). The lock is taken first, so a second run on the same directory is refused
     before it touches the first one's files."""
-    from relax.config.run import output_dir_of
+    from relax.config.output_dir import output_dir_of
     from relax.runtime.run_dir import lock_run_dir
 
     lock = lock_run_dir(output_dir_of(config), resuming=config.load or False, overwrite=config.overwrite_output_dir)

@@ -12,10 +12,6 @@ rules (with the cross-field ones) and reports every problem at once, naming the 
 
 from __future__ import annotations
 
-import re
-import time
-from pathlib import Path
-
 import attrs
 
 from relax.config.algorithm import AlgorithmConfig
@@ -33,7 +29,6 @@ from relax.config.fields import (
     flag,
 )
 
-DEFAULT_OUTPUT_ROOT = "outputs"
 # --rollout-engine (relax.rollout.engines)
 ROLLOUT_ENGINES = ("tiny", "hf", "vllm")
 LR_DECAY_STYLES = ("constant", "linear", "cosine")  # relax.backends.optim implements each
@@ -351,21 +346,3 @@ def total_optimizer_steps(config: RunConfig) -> int:
     """Optimizer steps of the whole run: ``--num-rollout`` x optimizer steps per rollout (what the
     learning-rate schedule decays over; a rollout whose groups were all dropped takes fewer)."""
     return config.num_rollout * num_minibatches(config)
-
-
-def default_run_name(algorithm_spec: str) -> str:
-    """``<method>-<date>-<time>``: the registered name, or a dotted path's class name, made path-safe."""
-    label = re.sub(r"[^A-Za-z0-9_.-]+", "_", algorithm_spec.rpartition(":")[2] or algorithm_spec)
-    return f"{label}-{time.strftime('%Y%m%d-%H%M%S')}"
-
-
-def output_dir_of(config: RunConfig) -> Path:
-    """Where a run writes: ``output_dir``, else ``outputs/<run_name>`` (named now when unset).
-
-    ``relax train`` always fills in both; a config built in Python may leave them unset, and then
-    each call names a new run, so call this once per run.
-    """
-    if config.output_dir:
-        return Path(config.output_dir)
-    run_name = config.run_name or default_run_name(config.advantage_estimator)
-    return Path(DEFAULT_OUTPUT_ROOT) / run_name

@@ -98,7 +98,7 @@ def _check_wandb(config, algorithm, who, errors, warnings):
 def _check_overwrite(config, algorithm, who, errors, warnings):
     if not (config.overwrite_output_dir and config.load):
         return
-    from relax.config.run import output_dir_of
+    from relax.config.output_dir import output_dir_of
     from relax.runtime.run_dir import run_of_checkpoint
 
     owner = run_of_checkpoint(config.load)

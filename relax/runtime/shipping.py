@@ -96,7 +96,7 @@ def _size_mb(root: Path, skip: tuple[str, ...], limit_mb: float) -> float:
 
 def never_shipped(config) -> tuple[str, ...]:
     """Ray's temp dir and the run's output directory (real paths, with a trailing separator)."""
-    from relax.config.run import output_dir_of
+    from relax.config.output_dir import output_dir_of
 
     dirs = [os.environ.get("RAY_TMPDIR") or "/tmp/ray", str(output_dir_of(config))]
     return tuple(os.path.realpath(d) + os.sep for d in dirs)

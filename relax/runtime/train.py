@@ -19,6 +19,7 @@ import attrs
 import torch
 
 from relax.algorithms import load_algorithm
+from relax.config.output_dir import output_dir_of
 from relax.runtime import roles as R
 from relax.runtime.checkpoints import (
     check_checkpoint,
@@ -27,7 +28,6 @@ from relax.runtime.checkpoints import (
     save_checkpoint,
 )
 from relax.runtime.cluster import Runtime
-from relax.config.run import output_dir_of
 from relax.runtime.console import log
 from relax.runtime.entry import entry_config
 from relax.runtime.evaluation import Evaluation

@@ -14,7 +14,8 @@ from relax.algorithms import BUILTIN_ALGORITHMS
 from relax.cli.arguments import _registered_options, add_train_arguments, build_train_parser, config_fields
 from relax.config.algorithm import AlgorithmConfig
 from relax.config.fields import flag, flag_name, flag_of, option_strings
-from relax.config.run import RunConfig, default_run_name, output_dir_of
+from relax.config.output_dir import default_run_name, output_dir_of
+from relax.config.run import RunConfig
 
 # Flags of the command line itself, not of a configuration field.
 COMMAND_FLAGS = {"help", "config"}

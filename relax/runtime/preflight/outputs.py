@@ -8,7 +8,7 @@ from relax.runtime.preflight.common import PreflightError, first_line
 
 
 def check_output(config: RunConfig) -> None:
-    from relax.config.run import output_dir_of
+    from relax.config.output_dir import output_dir_of
     from relax.runtime.run_dir import RunDirError, check_output_dir
 
     try:
@@ -59,7 +59,7 @@ def check_trackers(config: RunConfig) -> None:
     """``--use-wandb`` writes ``<output-dir>/wandb``: it must be (or become) a directory."""
     if not config.use_wandb:
         return
-    from relax.config.run import output_dir_of
+    from relax.config.output_dir import output_dir_of
 
     where = output_dir_of(config) / "wandb"
     if where.exists() and not where.is_dir():

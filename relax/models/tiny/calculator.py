@@ -12,12 +12,11 @@ most 26 tokens); its warm-up checkpoint is ``checkpoint/calculator.pt``
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from relax.models.tiny.model import TinyCausalLM, TinyLMConfig
 from relax.models.tiny.tokenizer import VOCAB as ADDITION_VOCAB
-from relax.models.tiny.tokenizer import TinyTokenizer
+from relax.models.tiny.tokenizer import TinyTokenizer, token_pattern
 
 CALL_OPEN, CALL_CLOSE, RESULT_OPEN, RESULT_CLOSE = "<calc>", "</calc>", "<r>", "</r>"
 VOCAB: tuple[str, ...] = (*ADDITION_VOCAB, CALL_OPEN, CALL_CLOSE, RESULT_OPEN, RESULT_CLOSE)
@@ -26,26 +25,14 @@ CHECKPOINT = Path(__file__).parent / "checkpoint" / "calculator.pt"
 # Built-in tasks whose tiny model is not the shipped addition warm-up (relax.models.factory).
 TASK_CHECKPOINTS: dict[str, Path] = {"calculator": CHECKPOINT}
 
-_TOKEN_RE = re.compile("|".join(re.escape(t) for t in sorted(VOCAB, key=len, reverse=True)) + r"|\s+|.")
-
 
 class CalculatorTokenizer(TinyTokenizer):
     vocab = VOCAB
     vocab_size = len(VOCAB)
     call_id, call_close_id = VOCAB.index(CALL_OPEN), VOCAB.index(CALL_CLOSE)
     result_id, result_close_id = VOCAB.index(RESULT_OPEN), VOCAB.index(RESULT_CLOSE)
-
-    def encode(self, text: str) -> list[int]:
-        ids = []
-        for match in _TOKEN_RE.finditer(text):
-            piece = match.group(0)
-            if piece.isspace():
-                continue
-            if piece not in self._ids:
-                raise ValueError(f"cannot encode {piece!r} at position {match.start()} of {text!r}: the "
-                                 f"calculator tokenizer knows only {' '.join(self.vocab)}")
-            ids.append(self._ids[piece])
-        return ids
+    name = "calculator"
+    token_re = token_pattern(VOCAB)
 
 
 def load_calculator_model(path: str | Path | None = None) -> TinyCausalLM:

@@ -24,8 +24,11 @@ OPEN_TAG, CLOSE_TAG = "<a>", "</a>"
 DIGITS = tuple(str(d) for d in range(10))
 VOCAB: tuple[str, ...] = (PAD, BOS, EOS, *DIGITS, "+", "=", OPEN_TAG, CLOSE_TAG)
 
-# Longest alternatives first so "</a>" is not read as "<" + ...; anything unmatched is an error.
-_TOKEN_RE = re.compile("|".join(re.escape(t) for t in sorted(VOCAB, key=len, reverse=True)) + r"|\s+|.")
+
+def token_pattern(vocab: Iterable[str]) -> re.Pattern:
+    """One match per token of ``vocab``, per whitespace run, or per other character (an error).
+    Longest alternatives first so "</a>" is not read as "<" + ..."""
+    return re.compile("|".join(re.escape(t) for t in sorted(vocab, key=len, reverse=True)) + r"|\s+|.")
 
 
 class TinyTokenizer:
@@ -39,6 +42,8 @@ class TinyTokenizer:
     open_id: int = VOCAB.index(OPEN_TAG)
     close_id: int = VOCAB.index(CLOSE_TAG)
     digit_ids: tuple[int, ...] = tuple(VOCAB.index(d) for d in DIGITS)
+    name: str = "tiny"  # how encode's errors name the tokenizer
+    token_re: re.Pattern = token_pattern(VOCAB)
 
     def __init__(self) -> None:
         self._ids = {tok: i for i, tok in enumerate(self.vocab)}
@@ -46,13 +51,13 @@ class TinyTokenizer:
     def encode(self, text: str) -> list[int]:
         """Text -> token ids. Raises ``ValueError`` naming the first character not in the vocabulary."""
         ids = []
-        for match in _TOKEN_RE.finditer(text):
+        for match in self.token_re.finditer(text):
             piece = match.group(0)
             if piece.isspace():
                 continue
             if piece not in self._ids:
                 raise ValueError(
-                    f"cannot encode {piece!r} at position {match.start()} of {text!r}: the tiny tokenizer "
+                    f"cannot encode {piece!r} at position {match.start()} of {text!r}: the {self.name} tokenizer "
                     f"knows only {' '.join(self.vocab)}"
                 )
             ids.append(self._ids[piece])

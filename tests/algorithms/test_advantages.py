@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from relax.algorithms import AdvantageInputs, AlgorithmConfig, get_algorithm
+from relax.algorithms import AdvantageInputs, get_algorithm
 from relax.algorithms import numerics
 
 NAN = float("nan")

@@ -334,7 +334,7 @@ def test_same_numbers_as_the_former_implementation(kind, seed, std_eps):
 
 
 def _algorithm(name, **cfg):
-    from relax.algorithms import AlgorithmConfig, get_algorithm
+    from relax.algorithms import get_algorithm
 
     cls = get_algorithm(name)
     return cls(cls.Config(reward_keys=("a", "b"), reward_weights=(1.0, 2.0), **cfg))

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import torch
 
-from relax.algorithms import AdvantageInputs, AlgorithmConfig, get_algorithm
+from relax.algorithms import AdvantageInputs
 from relax.algorithms.gdpo import GDPO, GDPOVariant
 
 EPS = 1e-4

@@ -9,7 +9,7 @@ sum is the token-weighted mean of the halves' own values.
 import pytest
 import torch
 
-from relax.algorithms import AlgorithmConfig, PolicyLossInputs, get_algorithm
+from relax.algorithms import PolicyLossInputs, get_algorithm
 
 MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum")
 # Rows of different lengths (3, 5, 1, 4 valid tokens), so halves hold unequal token shares.

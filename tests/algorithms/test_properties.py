@@ -6,7 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from relax.algorithms import AdvantageInputs, AlgorithmConfig, get_algorithm
+from relax.algorithms import AdvantageInputs, get_algorithm
 from relax.algorithms import numerics
 
 SETTINGS = settings(max_examples=25, deadline=None, derandomize=True)

@@ -17,7 +17,7 @@ import math
 import pytest
 import torch
 
-from relax.algorithms import AlgorithmConfig, get_algorithm
+from relax.algorithms import get_algorithm
 
 GROUP_IDS = torch.tensor([5, 2, 5, 9, 2, 5, 9, 2, 9])
 REWARDS = torch.tensor([1.0, 0.0, 2.0, 0.5, 0.0, 3.0, 0.5, 3.0, 0.5])

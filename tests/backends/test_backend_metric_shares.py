@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from relax.algorithms import AlgorithmConfig, PolicyLossInputs, get_algorithm
+from relax.algorithms import PolicyLossInputs, get_algorithm
 from relax.models.batch import TokenBatch
 from relax.backends.torch_backend import TorchBackend
 from relax.models.tiny.model import TinyCausalLM, TinyLMConfig

@@ -6,7 +6,6 @@ train; bad values stop the command naming the flag."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch

@@ -22,10 +22,11 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from relax.models.tiny.calculator import CHECKPOINT, MODEL_CONFIG, CalculatorTokenizer
 from relax.models.tiny.model import TinyCausalLM
+from relax.models.tiny.weights import save_tiny_checkpoint
+from relax.recipes.supervised import train_supervised
 from relax.rollout.base import SamplingParams
 from relax.rollout.environments.episodes import EpisodeRunner
 from relax.rollout.sampling import sample_groups
@@ -80,18 +81,8 @@ def _batch(rng: random.Random, n: int, tool_share: float) -> tuple[torch.Tensor,
 
 
 def train_warmup(steps: int = RECIPE["steps"], seed: int = RECIPE["seed"]) -> TinyCausalLM:
-    torch.manual_seed(seed)
-    model = TinyCausalLM(MODEL_CONFIG)
-    rng = random.Random(seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=RECIPE["lr"])
-    for _ in range(steps):
-        ids, mask = _batch(rng, RECIPE["batch_size"], RECIPE["tool_share"])
-        logits = model(ids[:, :-1])  # right padding only: causal attention never reaches it early
-        loss = F.cross_entropy(logits[mask], ids[:, 1:][mask])
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-    return model.eval()
+    return train_supervised(MODEL_CONFIG, lambda rng: _batch(rng, RECIPE["batch_size"], RECIPE["tool_share"]),
+                            steps=steps, lr=RECIPE["lr"], seed=seed)
 
 
 def measure_base_rates(model: TinyCausalLM, n: int = 256, seed: int = 12345) -> dict[str, float]:
@@ -106,12 +97,6 @@ def measure_base_rates(model: TinyCausalLM, n: int = 256, seed: int = 12345) -> 
     return {"correct": float(scored.rewards[:, 0].mean()), "tool_call_share": called / n}
 
 
-def save_checkpoint(model: TinyCausalLM, path: Path, base_rates: dict[str, float]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
-    torch.save({"config": model.config.to_dict(), "model": state, "recipe": RECIPE, "base_rates": base_rates}, path)
-
-
 def main(argv=None) -> dict[str, float]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--out", type=Path, default=CHECKPOINT, help="where to write the checkpoint")
@@ -122,7 +107,7 @@ def main(argv=None) -> dict[str, float]:
     model = train_warmup(steps=args.steps)
     seconds = time.perf_counter() - start
     rates = measure_base_rates(model)
-    save_checkpoint(model, args.out, rates)
+    save_tiny_checkpoint(model, args.out, RECIPE, rates)
     print(f"calculator warm-up: {args.steps} steps in {seconds:.1f} s -> {args.out}")
     print("base rates (256 episodes, temperature 1): " + ", ".join(f"{k}={v:.3f}" for k, v in rates.items()))
     return rates

@@ -24,11 +24,11 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from relax.models.tiny.model import TinyCausalLM, TinyLMConfig
 from relax.models.tiny.tokenizer import DIGITS, TinyTokenizer
-from relax.models.tiny.weights import CHECKPOINT
+from relax.models.tiny.weights import CHECKPOINT, save_tiny_checkpoint
+from relax.recipes.supervised import train_supervised
 from relax.rollout.base import SamplingParams
 from relax.rollout.tasks.addition import (
     BASE_COMPONENTS,
@@ -82,18 +82,8 @@ def _demo_batch(rng: random.Random, n: int) -> tuple[torch.Tensor, torch.Tensor]
 def train_warmup(
     steps: int = RECIPE["steps"], batch_size: int = RECIPE["batch_size"], lr: float = RECIPE["lr"], seed: int = RECIPE["seed"]
 ) -> TinyCausalLM:
-    torch.manual_seed(seed)
-    model = TinyCausalLM(TinyLMConfig())
-    rng = random.Random(seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
-    for _ in range(steps):
-        ids, mask = _demo_batch(rng, batch_size)
-        logits = model(ids[:, :-1])  # no padding inside the prompt: every prompt has 5 tokens
-        loss = F.cross_entropy(logits[mask], ids[:, 1:][mask])
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-    return model.eval()
+    # no padding inside the prompt: every prompt has 5 tokens
+    return train_supervised(TinyLMConfig(), lambda rng: _demo_batch(rng, batch_size), steps=steps, lr=lr, seed=seed)
 
 
 def measure_base_rates(model: TinyCausalLM, n: int = 512, seed: int = 12345, temperature: float = 1.0) -> dict[str, float]:
@@ -112,12 +102,6 @@ def measure_base_rates(model: TinyCausalLM, n: int = 512, seed: int = 12345, tem
     return {k: v / n for k, v in totals.items()}
 
 
-def save_checkpoint(model: TinyCausalLM, path: Path, base_rates: dict[str, float]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
-    torch.save({"config": model.config.to_dict(), "model": state, "recipe": RECIPE, "base_rates": base_rates}, path)
-
-
 def main(argv=None) -> dict[str, float]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--out", type=Path, default=CHECKPOINT, help="where to write the checkpoint")
@@ -129,7 +113,7 @@ def main(argv=None) -> dict[str, float]:
     model = train_warmup(steps=args.steps, seed=args.seed)
     seconds = time.perf_counter() - start
     rates = measure_base_rates(model)
-    save_checkpoint(model, args.out, rates)
+    save_tiny_checkpoint(model, args.out, RECIPE, rates)
     print(f"warm-up: {args.steps} steps in {seconds:.1f} s -> {args.out} ({args.out.stat().st_size / 1024:.0f} KiB)")
     print("base rates (512 samples, temperature 1): " + ", ".join(f"{k}={v:.3f}" for k, v in rates.items()))
     return rates

@@ -28,6 +28,14 @@ def load_warmup_model(path: str | Path | None = None) -> TinyCausalLM:
     return model.eval()
 
 
+def save_tiny_checkpoint(model: TinyCausalLM, path: Path, recipe: dict, base_rates: dict[str, float]) -> None:
+    """Write ``model`` in the form ``load_warmup_model`` reads, with the recipe that made it and its
+    base rates."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
+    torch.save({"config": model.config.to_dict(), "model": state, "recipe": recipe, "base_rates": base_rates}, path)
+
+
 def warmup_base_rates(path: str | Path | None = None) -> dict[str, float]:
     """The base rates recorded in the checkpoint when it was made (``measure_base_rates``)."""
     path = Path(path) if path is not None else CHECKPOINT

@@ -12,8 +12,8 @@ from __future__ import annotations
 import importlib
 
 _PYTHONPATH_HINT = (
-    "Make sure it is on PYTHONPATH (or installed) in every process; relax passes its working "
-    "directory to Ray workers."
+    "Make sure it is on PYTHONPATH (or installed) in every process; relax makes the current directory "
+    "importable and, when it joins a cluster (--ray-address), ships the modules named by its flags."
 )
 
 

@@ -1,6 +1,6 @@
 """GRPO vs GDPO on the built-in addition task: same seeds, same budget, several reward settings.
 
-Each run trains the shipped warm-up model with ``relax.runtime.local_loop.train_local`` (one process,
+Each run trains the shipped warm-up model with ``relax.recipes.local_loop.train_local`` (one process,
 one thread, 32 prompts x 8 samples, two mini-batches per rollout) and logs every reward component
 and the multi-reward diagnostics at every step. Settings (``docs/en/embedded-default.md``):
 
@@ -112,7 +112,7 @@ QUICK = {"settings": ("A", "C", "D"), "seeds": 2, "steps": 12}
 
 def run_one(job: dict) -> dict:
     """Train one (setting, method, seed) and return its per-step metrics (runs in a worker too)."""
-    from relax.runtime.local_loop import recipe_config, train_local
+    from relax.recipes.local_loop import recipe_config, train_local
 
     setting = SETTINGS[job["setting"]]
     config = recipe_config(setting.components)  # weights 1 each

@@ -85,6 +85,41 @@ def dead_component() -> str | None:
     return None
 
 
+DEAD_PEER_WAIT_S = 10.0  # how long a failed call waits for Ray to report the worker that died behind it
+
+
+def dead_worker(wait_s: float = DEAD_PEER_WAIT_S) -> str | None:
+    """The watched worker (``watch_heartbeats``) that Ray reports dead, if any, as ``the actor rank 1
+    (pid ...)``. One worker's death often reaches the driver first as a *peer's* error (the survivor
+    of a collective: gloo's ``Connection closed by peer``), so a failed call asks this before it
+    blames the worker whose call failed. Live workers answer a ping once they are idle; a dead one
+    fails it as soon as Ray knows, which can take a few seconds."""
+    workers = [w for heartbeats in _HEARTBEATS for w in heartbeats.workers]
+    if not workers:
+        return None
+    import ray
+    from ray.exceptions import RayActorError
+
+    pings = {}
+    for worker in workers:
+        try:
+            pings[worker.handle.__ray_ready__.remote()] = worker
+        except RayActorError:
+            return worker.describe()
+    deadline = time.monotonic() + wait_s
+    pending = list(pings)
+    while pending and time.monotonic() < deadline:
+        ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+        for ref in ready:
+            try:
+                ray.get(ref, timeout=0)
+            except RayActorError:
+                return pings[ref].describe()
+            except Exception:  # noqa: BLE001, S110 - only "the actor is dead" is asked here
+                pass
+    return None
+
+
 def _check_progress(what: str, progress, warned: list) -> None:
     """Heartbeats and the step's deadline while waiting for ``what``: "still waiting" lines, then
     ``WorkerUnresponsive`` naming the worker (or the step)."""
@@ -152,6 +187,14 @@ def get(refs, what: str, timeout: float | None = None, progress=None):
         raise WorkerDied(f"the {what} worker died: {exc}. See the worker log lines above.") from exc
     except RayTaskError as exc:
         cause = exc.as_instanceof_cause() if hasattr(exc, "as_instanceof_cause") else exc
+        dead = dead_worker()
+        if dead is not None:  # the failure is a survivor's report of its peer's death
+            failed = type(getattr(exc, "cause", None) or cause).__name__
+            raise WorkerDied(
+                f"{dead} died, and the {what} worker failed after it ({failed}). "
+                "See the log lines above for why (e.g. out of memory); restart the run, with --load to resume from "
+                "the last checkpoint"
+            ) from exc
         raise WorkerDied(f"the {what} worker failed: {type(cause).__name__}: {cause}") from exc
     except GetTimeoutError as exc:
         raise WorkerDied(

@@ -170,15 +170,19 @@ def test_a_tp1_checkpoint_resumes_at_tp2(setup, tp1, tmp_path):
 @pytest.mark.timeout(300)
 def test_zero_steps_export_the_loaded_checkpoint_exactly(setup, tmp_path):
     """A constant reward: every GDPO group has zero variance and is dropped, so no optimizer step
-    runs. The checkpoint saved after the step, gathered over two tensor-parallel ranks and written in
+    runs (and the run ends with RunFailed). The checkpoint saved after the step, gathered over two tensor-parallel ranks and written in
     Hugging Face format, is the loaded one bit for bit and loads with transformers."""
     from relax.models.hf import load_hf_model
 
+    from relax.runtime.run_errors import RunFailed
+
     ckpt, config = setup
     out = tmp_path / "zero"
-    run(config(out, "--advantage-estimator", "gdpo", "--reward-keys", *KEYS, "--custom-rm-path",
-               "relax_megatron_hf_reward:constant", "--num-rollout", 1, "--save-interval", 1,
-               "--tensor-model-parallel-size", 2, "--actor-num-workers", 2))
+    # a run that trained nothing fails (issue 25), after its metrics and checkpoint are written
+    with pytest.raises(RunFailed, match="no step of the run trained"):
+        run(config(out, "--advantage-estimator", "gdpo", "--reward-keys", *KEYS, "--custom-rm-path",
+                   "relax_megatron_hf_reward:constant", "--num-rollout", 1, "--save-interval", 1,
+                   "--tensor-model-parallel-size", 2, "--actor-num-workers", 2))
     rows = _rows(out)
     assert [r["step"] for r in rows] == [1] and rows[0]["train/skipped"]
     initial = load_hf_model(ckpt).state_dict()

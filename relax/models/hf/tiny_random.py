@@ -102,6 +102,15 @@ def build_tiny_random_checkpoint(
     model.generation_config.eos_token_id = [2, tok.convert_tokens_to_ids("<|im_end|>")]
     transformers_logging.disable_progress_bar()  # no "Writing model shards" bar for a one-file model
     model.save_pretrained(str(directory))
+    # Reloaded next to its config, the tokenizer may come back as the family's own class, which can
+    # add a special token of its own (transformers 5 loads a qwen2 directory's tokenizer as
+    # Qwen2Tokenizer, adding <|endoftext|>): size the embeddings for the tokenizer users will load.
+    from transformers import AutoTokenizer
+
+    loaded = len(AutoTokenizer.from_pretrained(str(directory), local_files_only=True))
+    if loaded != model.config.vocab_size:
+        model.resize_token_embeddings(loaded, mean_resizing=False)
+        model.save_pretrained(str(directory))
     return directory
 
 

@@ -170,9 +170,7 @@ class TransferQueueDataPlane:
         if exists:
             tq.init()  # attach
         else:
-            from relax.runtime.tq_start import start_transferqueue
-
-            start_transferqueue(tq_config())
+            tq.init(tq_config())
         self._client = tq.get_client()
         self._owner = not exists
         return self

@@ -16,10 +16,11 @@ class TransferQueueKeeper:
     """Made a detached Ray actor by ``TransferQueueDataPlane.start(keep=True)``."""
 
     def __init__(self):
-        from relax.runtime.data_plane import tq_config
-        from relax.runtime.tq_start import start_transferqueue
+        import transfer_queue as tq
 
-        start_transferqueue(tq_config())
+        from relax.runtime.data_plane import tq_config
+
+        tq.init(tq_config())
 
     def ready(self) -> bool:
         return True

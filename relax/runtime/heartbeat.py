@@ -29,8 +29,11 @@ from dataclasses import dataclass, field
 BEAT_INTERVAL_S = 1.0
 NAMESPACE = "relax_heartbeat"
 
+# Installed code is not the user's: the standard library, site-packages, and the environment's
+# console scripts (a `pytest` or `relax` entry script is the outermost frame of its process).
 _LIBRARY_DIRS = tuple(
-    {os.path.realpath(p) + os.sep for k, p in sysconfig.get_paths().items() if k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    {os.path.realpath(p) + os.sep for k, p in sysconfig.get_paths().items()
+     if k in ("stdlib", "platstdlib", "purelib", "platlib", "scripts")}
 )
 _RELAX_DIR = os.path.realpath(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
 

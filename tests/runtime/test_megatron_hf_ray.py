@@ -2,7 +2,9 @@
 path, on the session's shared cluster (tox environment with megatron-core: ``-m megatron``).
 
 The checkpoint is a random Qwen2 (query/key/value biases, grouped-query attention, untied output
-layer) with the byte-level tokenizer, vocabulary 261 (odd: tensor parallelism pads it). The
+layer) with the byte-level tokenizer, vocabulary 262 (its 261 tokens plus the ``<|endoftext|>`` that
+transformers' Qwen2 tokenizer adds; an odd vocabulary that tensor parallelism pads is covered by
+``tests/megatron/test_megatron_backend.py``). The
 configurations come from real command lines, parsed and validated by the CLI. The rollout runs the
 Hugging Face engine, so every step also checks that the weights the Megatron ranks export (in HF
 naming) load into it.

@@ -10,20 +10,32 @@ from pathlib import Path
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+ROOT = Path(__file__).resolve().parents[2]
+BENCHMARKS = ROOT / "benchmarks"
+# Every script in benchmarks/, by the name its test below runs it with.
+SCRIPTS = {
+    "algorithms": "benchmarks/algorithms.py",
+    "async": "benchmarks/async.py",
+    "bare_loop": "benchmarks/bare_loop.py",
+    "gpu_vllm": "benchmarks/gpu_vllm.py",
+    "hf_rollout": "benchmarks/hf_rollout.py",
+    "megatron_vs_torch": "benchmarks/megatron_vs_torch.py",
+    "memory": "benchmarks/memory.py",
+    "pipeline": "benchmarks/pipeline.py",
+    "rollout_engines": "benchmarks/rollout_engines.py",
+    "startup": "benchmarks/startup.py",
+}
 
 
 def smoke(name: str, monkeypatch):
-    """Load ``benchmarks/<name>.py`` as a module and run its ``main(["--smoke"])``."""
+    """Load the benchmark script ``SCRIPTS[name]`` as a module and run its ``main(["--smoke"])``."""
     monkeypatch.syspath_prepend(str(BENCHMARKS))  # the scripts import each other (bare_loop)
-    module = runpy.run_path(str(BENCHMARKS / f"{name}.py"), run_name=f"benchmark_{name}")
+    module = runpy.run_path(str(ROOT / SCRIPTS[name]), run_name=f"benchmark_{name}")
     return module["main"](["--smoke"])
 
 
 def test_every_benchmark_has_a_smoke_test():
-    tested = {"algorithms", "async", "bare_loop", "hf_rollout", "megatron_vs_torch", "memory", "pipeline",
-              "rollout_engines", "gpu_vllm", "startup"}
-    assert {p.stem for p in BENCHMARKS.glob("*.py")} == tested
+    assert {f"benchmarks/{p.name}" for p in BENCHMARKS.glob("*.py")} == set(SCRIPTS.values())
 
 
 def test_bare_loop(monkeypatch):

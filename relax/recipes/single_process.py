@@ -24,6 +24,7 @@ import attrs
 import torch
 
 from relax.algorithms import load_algorithm
+from relax.config.run import num_minibatches
 from relax.runtime import roles as R
 from relax.runtime.actor_metrics import STEP_METRICS_KEY, combine_actor_metrics
 from relax.runtime.actor_worker import ActorCore
@@ -31,7 +32,6 @@ from relax.runtime.advantages import AdvantagesCore
 from relax.runtime.memory_plane import MemoryDataPlane
 from relax.runtime.rollout_worker import RolloutCore
 from relax.runtime.rollouts import plan_from_rollouts, rollout_metrics
-from relax.runtime.schedule import num_minibatches
 from relax.runtime.validation import validate
 
 

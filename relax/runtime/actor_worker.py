@@ -22,6 +22,7 @@ import torch.distributed as dist
 from relax.algorithms import AdvantageInputs, load_algorithm, numerics
 from relax.algorithms.types import check_advantages_output
 from relax.backends.registry import get_backend
+from relax.config.run import num_minibatches
 from relax.models.batch import TokenBatch, response_log_probs
 from relax.models.factory import build_policy_model, build_reference_model, forward_logits_fn
 from relax.rollout.engines import carries_behaviour_log_probs
@@ -35,7 +36,7 @@ from relax.runtime.actor_metrics import (
 from relax.runtime.fields import ATTENTION_FIELD, BATCH_FIELDS, AttachesDataPlane, token_batch
 from relax.runtime.losses import policy_loss_fn, zero_loss
 from relax.runtime.rollouts import plan_from_rollouts
-from relax.runtime.schedule import StepPlan, num_minibatches, segment_slices, staleness_metrics
+from relax.runtime.schedule import StepPlan, segment_slices, staleness_metrics
 from relax.runtime.weight_sync import ObjectStoreSync
 
 

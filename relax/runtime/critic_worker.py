@@ -15,12 +15,13 @@ import torch
 
 from relax.algorithms import PolicyLossOutput, numerics
 from relax.backends.registry import get_critic_backend
+from relax.config.run import num_minibatches
 from relax.models.factory import build_policy_model
 from relax.models.value import ValueModel
 from relax.rollout.environments import is_multi_turn
 from relax.runtime.fields import AttachesDataPlane, batch_fields, token_batch
 from relax.runtime.rollouts import plan_from_rollouts
-from relax.runtime.schedule import StepPlan, num_minibatches, segment_slices
+from relax.runtime.schedule import StepPlan, segment_slices
 
 
 class CriticCore:

@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import time
 
+from relax.config.run import num_minibatches
 from relax.runtime import roles as R
 from relax.runtime.actor_metrics import STEP_METRICS_KEY, combine_actor_metrics, logged_name
 from relax.runtime.cluster import Runtime
 from relax.runtime.rollouts import plan_from_rollouts, rollout_metrics
-from relax.runtime.schedule import num_minibatches
 from relax.runtime.waits import BackgroundCall, Patience, get
 
 

@@ -10,8 +10,6 @@ from __future__ import annotations
 import attrs
 import torch
 
-from relax.config.run import num_minibatches  # noqa: F401 - the workers' import path; defined with RunConfig
-
 
 def _split(items: list, parts: int) -> list[list]:
     """``items`` in ``parts`` contiguous chunks whose sizes differ by at most one (larger first)."""

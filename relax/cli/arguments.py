@@ -38,6 +38,7 @@ RUN_FIELD_NAMES = {f.name for f in attrs.fields(RunConfig)}
 GROUPS = (
     ("algorithm", "Which RL method runs, and its hyper-parameters."),
     ("rewards", "Reward components and reward hooks."),
+    ("reward services", "A reward model and an LLM judge on Ray Serve (docs/en/rewards.md#reward-services)."),
     (
         "batch shape",
         (

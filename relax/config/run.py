@@ -65,6 +65,11 @@ class RunConfig:
     micro_batch_size: int | None = attrs.field(default=None, metadata=flag(
         "samples per forward/backward on one worker (default: the worker's whole mini-batch)",
         group="batch shape", check=POSITIVE_INT))
+    max_tokens_per_micro_batch: int | None = attrs.field(default=None, metadata=flag(
+        "token budget of the policy's micro-batches (torch backend): samples are grouped by real token count "
+        "(prompt + response) and each group runs as one padding-free packed row; a longer sample is a "
+        "micro-batch of its own. Replaces --micro-batch-size for the policy's passes (default: off)",
+        group="batch shape", check=POSITIVE_INT, metavar="N"))
     # -- optimization --
     lr: float = attrs.field(default=3e-4, metadata=flag(
         "actor learning rate", group="optimization", check=POSITIVE))
@@ -163,6 +168,53 @@ class RunConfig:
     dynamic_sampling_filter_path: str | None = attrs.field(default=None, metadata=_hook_flag(
         "keep_filter(rewards, group_ids, samples, keep) -> bool [N]: which prompt groups the rollout "
         "keeps, given the algorithm's own verdict keep (whole groups; docs/en/hooks.md)"))
+    # -- reward services: a reward model and a judge on Ray Serve (relax.runtime.reward_services) --
+    reward_model_path: str | None = attrs.field(default=None, metadata=flag(
+        "a Hugging Face sequence-classification model (one logit) that scores prompt + completion, served "
+        "on Ray Serve with dynamic batching and shared by every rollout worker; its score is the reward "
+        "component --reward-model-key (docs/en/rewards.md#reward-services)", group="reward services",
+        metavar="DIR"))
+    reward_model_key: str = attrs.field(default="rm", metadata=flag(
+        "the reward component the reward model's score fills (one of --reward-keys)", group="reward services",
+        check=REWARD_KEY))
+    reward_model_replicas: int = attrs.field(default=1, metadata=flag(
+        "Serve replicas of the reward model (each loads the model)", group="reward services",
+        check=POSITIVE_INT, metavar="N"))
+    reward_model_batch_size: int = attrs.field(default=32, metadata=flag(
+        "most samples one batched reward-model forward pass scores", group="reward services",
+        check=POSITIVE_INT, metavar="N"))
+    reward_model_batch_wait_s: float = attrs.field(default=0.01, metadata=flag(
+        "how long a replica waits for more samples before it scores a batch smaller than "
+        "--reward-model-batch-size", group="reward services", check=NON_NEGATIVE, metavar="SECONDS"))
+    reward_model_cpus: float = attrs.field(default=1.0, metadata=flag(
+        "CPUs each reward-model replica requests from Ray", group="reward services", check=POSITIVE))
+    reward_model_gpus: float | None = attrs.field(default=None, metadata=flag(
+        "GPUs each reward-model replica requests (default: an equal share, at most 1, of the GPUs the "
+        "workers leave free; 0 on a cluster without GPUs)", group="reward services", check=NON_NEGATIVE))
+    judge_model_path: str | None = attrs.field(default=None, metadata=flag(
+        "a Hugging Face causal LM that judges each sample from --judge-template; its score is the "
+        "probability of ' yes' against ' no' as the next token, served like --reward-model-path, as the "
+        "reward component --judge-key", group="reward services", metavar="DIR"))
+    judge_template: str | None = attrs.field(default=None, metadata=flag(
+        "the judge's prompt: a text file with {prompt} and {response} (and optionally {label}) "
+        "placeholders, ending where the judge's answer ' yes' or ' no' begins", group="reward services",
+        metavar="FILE"))
+    judge_key: str = attrs.field(default="judge", metadata=flag(
+        "the reward component the judge's score fills (one of --reward-keys)", group="reward services",
+        check=REWARD_KEY))
+    judge_replicas: int = attrs.field(default=1, metadata=flag(
+        "Serve replicas of the judge", group="reward services", check=POSITIVE_INT, metavar="N"))
+    judge_batch_size: int = attrs.field(default=32, metadata=flag(
+        "most samples one batched judge forward pass scores", group="reward services", check=POSITIVE_INT,
+        metavar="N"))
+    judge_batch_wait_s: float = attrs.field(default=0.01, metadata=flag(
+        "how long a judge replica waits for more samples before it scores a smaller batch",
+        group="reward services", check=NON_NEGATIVE, metavar="SECONDS"))
+    judge_cpus: float = attrs.field(default=1.0, metadata=flag(
+        "CPUs each judge replica requests from Ray", group="reward services", check=POSITIVE))
+    judge_gpus: float | None = attrs.field(default=None, metadata=flag(
+        "GPUs each judge replica requests (default: as --reward-model-gpus)", group="reward services",
+        check=NON_NEGATIVE))
     # -- multi-turn episodes (relax.rollout.environments) --
     env_path: str | None = attrs.field(default=None, metadata=flag(
         "your environment class (relax.rollout.Environment: reset(sample), step(completion) -> EnvStep): "

@@ -9,17 +9,31 @@ from __future__ import annotations
 from relax.config.run import RunConfig
 
 
-def reward_setup(config: RunConfig):
-    """-> ``(reward_fn, reward_keys)``: ``--custom-rm-path`` if given, else the task's (with ``--reward-timeout``)."""
+def function_reward_setup(config: RunConfig):
+    """-> ``(reward_fn, its keys)``: ``--custom-rm-path`` if given, else the task's (with
+    ``--reward-timeout``); its keys are the ``--reward-keys`` no reward service fills."""
+    from relax.rollout.reward_services import services_of
     from relax.rollout.rewards import load_reward_function, with_timeout
     from relax.rollout.tasks import get_task
 
-    keys = tuple(config.algorithm.reward_keys)
+    served = {s.key for s in services_of(config)}
+    keys = tuple(k for k in config.algorithm.reward_keys if k not in served)
     if config.custom_rm_path:
         fn = load_reward_function(config.custom_rm_path)
     else:
         fn = get_task(config.task).reward_fn
     return with_timeout(fn, getattr(config, "reward_timeout", None)), keys  # --reward-timeout
+
+
+def reward_setup(config: RunConfig):
+    """-> ``(reward_fn, reward_keys)``: the reward function, or with ``--reward-model-path`` /
+    ``--judge-model-path`` a ``CombinedRewards`` of the function and the services."""
+    from relax.rollout.reward_services import CombinedRewards, services_of
+
+    fn, fn_keys = function_reward_setup(config)
+    keys = tuple(config.algorithm.reward_keys)
+    services = services_of(config)
+    return (CombinedRewards(fn, fn_keys, services, keys) if services else fn), keys
 
 
 def build_engine(config: RunConfig):

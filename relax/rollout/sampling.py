@@ -19,6 +19,7 @@ import attrs
 import torch
 
 from relax.rollout.base import Generation, GenerationEngine, Prompt, SamplingParams
+from relax.rollout.reward_services import CombinedRewards
 from relax.rollout.rewards import score
 
 
@@ -84,7 +85,10 @@ def sample_groups(
     lengths = generation.batch.response_mask.sum(1).tolist()
     metadata = [{**prompts[g].metadata, "sample_index": j % n, "response_tokens": int(lengths[j]),
                  "max_response_tokens": params.max_new_tokens} for j, g in enumerate(rows)]
-    rewards = score(reward_fn, texts, completions, labels, metadata, reward_keys, concurrency)
+    if isinstance(reward_fn, CombinedRewards):  # --reward-model-path / --judge-model-path: services too
+        rewards = reward_fn.matrix(texts, completions, labels, metadata, concurrency)
+    else:
+        rewards = score(reward_fn, texts, completions, labels, metadata, reward_keys, concurrency)
     t2 = time.perf_counter()
     return ScoredGroups(
         generation=generation, owner=owner, texts=texts, completions=completions, labels=labels,

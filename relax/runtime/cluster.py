@@ -64,6 +64,7 @@ class Runtime:
         self.actors: list = []
         self.critic = None
         self.adv_handle = None
+        self.reward_services = None  # --reward-model-path / --judge-model-path (relax.runtime.reward_services)
         self._serve_error = "unknown error"
         self.startup_times: dict[str, float] = {}
         self.heartbeats = Heartbeats(config.worker_timeout)  # relax.runtime.heartbeat
@@ -123,6 +124,10 @@ class Runtime:
         if not on_actor:
             serve_thread = threading.Thread(target=self._deploy_advantages, daemon=True)
             serve_thread.start()
+        from relax.runtime.reward_services import RewardServices
+
+        self.reward_services = RewardServices(cfg, gpus - w * actor_gpus - cfg.rollout_num_workers * rollout_gpus)
+        self.reward_services.start(after=serve_thread)  # Serve is started by one thread at a time
         # on a cluster the run joined, TransferQueue is kept up for the next run (the warm path)
         self.data_plane = TransferQueueDataPlane().start(keep=bool(cfg.ray_address))
         watch_components(transferqueue_components())
@@ -151,6 +156,7 @@ class Runtime:
             self.startup_times["serve_ready_s"] = self._serve_ready - t0
             # rank 0 sends each step's request itself (see relax.runtime.pipeline)
             get(self.actors[0].set_advantages_service.remote(self.adv_handle), "actor", timeout=STARTUP_TIMEOUT_S)
+        self.reward_services.connect(self.rollouts, STARTUP_TIMEOUT_S)  # one real call of each, then the workers
 
     def _deploy_advantages(self) -> None:
 
@@ -192,6 +198,8 @@ class Runtime:
         # kills. On a cluster the run joined, only the run's app is deleted.
         if self.serve_app is not None and (not self.started_ray or self.config.ray_address):
             bounded(stop_serve, "stopping the advantages deployment")
+        if self.reward_services is not None and (not self.started_ray or self.config.ray_address):
+            bounded(self.reward_services.stop, "stopping the reward services")
         for handle in [*self.rollouts, *self.actors, self.critic]:
             if handle is not None:
                 with contextlib.suppress(Exception):

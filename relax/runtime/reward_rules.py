@@ -155,3 +155,28 @@ def check_dynamic_sampling(config, algorithm, who, errors, warnings):
             "--max-sampling-rounds 1: every step trains on at most "
             f"{over} prompt groups; raise --max-sampling-rounds to refill the batch"
         )
+
+
+def check_reward_services(config, algorithm, who, errors, warnings):
+    """--reward-model-path / --judge-model-path: their components are reward keys of their own."""
+    keys = tuple(config.algorithm.reward_keys)
+    services = []
+    if config.reward_model_path:
+        services.append(("--reward-model-key", config.reward_model_key))
+    if config.judge_model_path:
+        services.append(("--judge-key", config.judge_key))
+        if not config.judge_template:
+            errors.append(f"--judge-model-path {config.judge_model_path} needs --judge-template FILE (the judge's prompt "
+                          "with {prompt} and {response} placeholders)")
+    elif config.judge_template:
+        errors.append(f"--judge-template {config.judge_template} does nothing without --judge-model-path")
+    for name, key in services:
+        if key not in keys:
+            errors.append(f"{name} {key} is not one of --reward-keys ({' '.join(keys)}): add it, e.g. "
+                          f"--reward-keys {' '.join(dict.fromkeys(keys + (key,)))}")
+    if len(services) == 2 and services[0][1] == services[1][1]:
+        errors.append(f"--reward-model-key and --judge-key are both {services[0][1]!r}: give each service its own "
+                      "reward component")
+    if services and config.env_path:
+        errors.append(f"--env-path {config.env_path}: multi-turn episodes are scored by the environment's rewards; "
+                      "the reward services (--reward-model-path, --judge-model-path) score single-turn samples only")

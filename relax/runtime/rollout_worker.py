@@ -40,6 +40,7 @@ from relax.rollout.base import SamplingParams
 from relax.rollout.engines import carries_behaviour_log_probs
 from relax.rollout.environments import episode_runner
 from relax.rollout.hooks import FILTER_FLAG, POST_PROCESS_FLAG, call_keep_filter, call_post_process
+from relax.rollout.reward_services import CombinedRewards
 from relax.rollout.rewards import load_function
 from relax.rollout.sampling import sample_groups
 from relax.rollout.truncation import filter_overlong, truncated_rows
@@ -170,6 +171,7 @@ class RolloutCore:
         if weights is not None:
             self.weight_sync.receive(weights, self.engine)
         n = self.config.algorithm.n_samples_per_prompt
+        self._services_at(f"step {step}")
         rounds: list[dict] = []
         kept = 0
         while len(rounds) < self.max_rounds and kept < self.target_groups:
@@ -241,6 +243,8 @@ class RolloutCore:
             "samples": len(texts),
             "sampling_rounds": len(rounds),
             "episode_stats": [r["episode_stats"] for r in rounds if r["episode_stats"]],  # multi-turn
+            # --reward-model-path / --judge-model-path: batch sizes and waiting (relax.runtime.reward_services)
+            "reward_services": self.reward_fn.take_stats() if isinstance(self.reward_fn, CombinedRewards) else {},
             "generated_tokens": sum(int(r["gen"].batch.response_mask.sum()) for r in rounds),
             # response_len_max, truncated (relax.runtime.metrics.response_metrics merges them)
             "response_len_max": max(s["response_len_max"] for s in stats),
@@ -274,7 +278,19 @@ class RolloutCore:
         prompt stream nor the training generator is used."""
         if weights is not None:
             self.weight_sync.receive(weights, self.engine)
+        self._services_at(f"the evaluation of policy version {version}")
         return sample_eval_slice(self, version)
+
+    # -- reward services (relax.runtime.reward_services) --
+    def set_reward_services(self, handles: dict) -> None:
+        """The Serve handles of the reward model / judge (``metric -> handle``), once they are up."""
+        self.reward_fn.connect(handles)
+
+    def _services_at(self, where: str) -> None:
+        """Name the step (or evaluation) in the services' errors; drop the stats of earlier calls."""
+        if isinstance(self.reward_fn, CombinedRewards):
+            self.reward_fn.where = where
+            self.reward_fn.take_stats()
 
     # -- checkpoints --
     def state_dict(self) -> dict:

@@ -14,8 +14,8 @@ import torch
 
 from relax.rollout.environments.episodes import episode_metrics
 from relax.runtime.metrics import response_metrics, reward_metrics
+from relax.runtime.reward_services import service_metrics
 from relax.runtime.schedule import StepPlan, plan_step
-
 
 # What the training roles need of a rollout report to plan the step (the rest is the driver's).
 STEP_SHAPE_KEYS = ("kept_uids", "group_tokens", "group_size")
@@ -58,6 +58,8 @@ def rollout_metrics(algorithm, rolls: Sequence[dict]) -> dict[str, float]:
     })
     for key in rolls[0]["times"]:
         metrics[key] = max(r["times"][key] for r in rolls)
+    # --reward-model-path / --judge-model-path: reward_model/batch_size_mean, reward_model/time_s, ...
+    metrics.update(service_metrics([r["reward_services"] for r in rolls if r.get("reward_services")]))
     episodes = [s for r in rolls for s in r.get("episode_stats", ())]
     if episodes:  # multi-turn: rollout/turns_mean, tool_calls_mean, env_token_frac
         metrics.update(episode_metrics(episodes))

@@ -42,6 +42,7 @@ from relax.runtime.reward_rules import (
     check_group_size,
     check_normalization,
     check_reward_components,
+    check_reward_services,
 )
 
 
@@ -78,6 +79,7 @@ RULES = (
     check_normalization,
     check_group_size,
     check_reward_components,
+    check_reward_services,
     check_filter,
     check_dynamic_sampling,
     check_loss,

@@ -7,6 +7,7 @@ The tokenizer is byte-level (256 byte tokens + ``<pad> <bos> <eos> <|im_start|> 
 merges), so it encodes any text, and it carries a ChatML-style chat template; the model is a
 Llama / Qwen2 / Qwen3 config of a few hundred thousand parameters with random weights. It learns
 nothing useful: it exists to exercise loading, templating, generation, training and checkpoints.
+``--reward-model`` writes a sequence-classification model with one logit instead (``--reward-model-path``).
 """
 
 from __future__ import annotations
@@ -114,6 +115,29 @@ def build_tiny_random_checkpoint(
     return directory
 
 
+def build_tiny_reward_model(directory: str | Path, family: str = "qwen2", *, seed: int = 0,
+                            hidden: int = 64, layers: int = 2) -> Path:
+    """A random sequence-classification checkpoint with one logit (``num_labels=1``), the kind
+    ``--reward-model-path`` serves, with the same byte-level tokenizer."""
+    from transformers import AutoModelForSequenceClassification
+    from transformers.utils import logging as transformers_logging
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tok = build_byte_tokenizer()
+    tok.save_pretrained(str(directory))
+    from transformers import AutoTokenizer
+
+    vocab = len(AutoTokenizer.from_pretrained(str(directory), local_files_only=True))  # as above: the reloaded size
+    config = model_config(family, vocab, hidden=hidden, layers=layers)
+    config.num_labels = 1
+    torch.manual_seed(seed)
+    model = AutoModelForSequenceClassification.from_config(config)
+    transformers_logging.disable_progress_bar()
+    model.save_pretrained(str(directory))
+    return directory
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("directory")
@@ -122,7 +146,14 @@ def main(argv=None) -> None:
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--tie-word-embeddings", action="store_true")
+    parser.add_argument("--reward-model", action="store_true",
+                        help="a sequence-classification model with one logit (for --reward-model-path)")
     args = parser.parse_args(argv)
+    if args.reward_model:
+        path = build_tiny_reward_model(args.directory, args.family, seed=args.seed, hidden=args.hidden,
+                                       layers=args.layers)
+        print(f"wrote a random {args.family} reward model to {path}")
+        return
     path = build_tiny_random_checkpoint(
         args.directory,
         args.family,

@@ -15,6 +15,8 @@ things the configuration points at, by reusing the code the workers will run:
   file and line numbers, UTF-8, Parquet integrity);
 - the reward function (``--custom-rm-path`` or the task's) is called on a few real prompts and its
   values go through the run's own checks (``relax.rollout.rewards.reward_matrix``);
+- ``--reward-model-path`` / ``--judge-model-path`` / ``--judge-template``: checkpoints of the right kind
+  and a template with its placeholders (``reward_services``);
 - ``--ray-address``: something answers at that address.
 
 Each problem raises ``PreflightError`` (a ``ConfigError``) with one message naming the flag, file, line,
@@ -35,6 +37,7 @@ from relax.runtime.preflight.model import check_hf_dir, check_model, load_tokeni
 from relax.runtime.preflight.outputs import check_load, check_output, check_resume_metrics, check_trackers
 from relax.runtime.preflight.prompts import check_eval_prompts, load_prompts
 from relax.runtime.preflight.ray_address import check_ray
+from relax.runtime.preflight.reward_services import check_reward_services
 from relax.runtime.preflight.rewards import check_env, check_reward, is_multi_turn
 from relax.runtime.preflight.user_code import check_algorithm, check_hooks
 
@@ -59,6 +62,7 @@ def preflight(config: RunConfig, algorithm) -> list[str]:
         check_env(config, prompts)
     else:
         check_reward(config, prompts)
+    check_reward_services(config)
     check_hooks(config)
     check_ray(config)
     _remember(config)

@@ -37,12 +37,16 @@ def _call_with_timeout(fn, timeout: float):
 def check_reward(config: RunConfig, prompts: list) -> None:
     """Call the reward function on ``prompts`` (with an empty completion and the label as completion)
     and check the values exactly as the rollout will."""
-    from relax.rollout.factory import reward_setup
-    from relax.rollout.rewards import RewardError, call_reward_function, function_name, reward_matrix
+    from relax.rollout.factory import function_reward_setup
+    from relax.rollout.reward_services import check_function_values, services_of
+    from relax.rollout.rewards import RewardError, call_reward_function, function_name
 
     if not config.custom_rm_path:
         builtin_task(config)  # a clear message for an unknown --task before reward_setup looks it up
-    fn, keys = reward_setup(config)
+    fn, keys = function_reward_setup(config)  # the components no reward service fills
+    services = services_of(config)
+    if services and not keys:
+        return  # every component comes from a service: the function is never called
     name = function_name(fn)
     flag = f"--custom-rm-path {config.custom_rm_path}" if config.custom_rm_path else f"--task {config.task}"
     if not config.custom_rm_path:
@@ -90,7 +94,7 @@ def check_reward(config: RunConfig, prompts: list) -> None:
             f"{len(samples)} pre-flight samples ({samples[0][0]}, ...); make it return (or time out) on its own"
         )
     try:
-        reward_matrix(values, keys, name)
+        check_function_values(values, fn, keys, services)
     except RewardError as exc:
         raise PreflightError(f"{flag}: pre-flight call on {_sample_of(exc, samples)}: {_message(exc)}") from None
 

@@ -16,8 +16,9 @@ from relax.algorithms.types import PolicyLossOutput
 from relax.models.batch import TokenBatch, TokenLogProbs, TokenValues
 
 # loss_fn(token_log_probs, rows) -> PolicyLossOutput. ``rows`` are the batch rows of this
-# micro-batch, so the caller can slice its advantages / old log-probs the same way.
-LossFn = Callable[[TokenLogProbs | TokenValues, slice], PolicyLossOutput]
+# micro-batch, so the caller can index its advantages / old log-probs the same way: a slice, or with
+# token-budget micro-batches (``packs_micro_batches``) an int64 tensor of row indices.
+LossFn = Callable[[TokenLogProbs | TokenValues, slice | torch.Tensor], PolicyLossOutput]
 
 
 class TrainingBackend(abc.ABC):
@@ -32,6 +33,8 @@ class TrainingBackend(abc.ABC):
     - ``gathers_on_all_ranks``: ``state_dict`` / ``export_weights`` are collectives that every rank
       must join (weights sharded over ranks), else rank 0 alone holds the whole model;
     - ``supports_critic``: ``for_critic`` can build a value-head backend (PPO's critic).
+    - ``packs_micro_batches``: the policy's passes honour ``--max-tokens-per-micro-batch``
+      (token-budget, padding-free micro-batches; ``relax.models.packing``).
 
     Per-instance data-parallel identity (set by the constructor): ``dp_rank`` / ``dp_size`` choose
     this rank's data shard, ``dp_group`` is the process group of the ranks holding different shards
@@ -42,6 +45,7 @@ class TrainingBackend(abc.ABC):
     name: ClassVar[str]
     gathers_on_all_ranks: ClassVar[bool] = False
     supports_critic: ClassVar[bool] = False
+    packs_micro_batches: ClassVar[bool] = False
 
     dp_rank: int = 0
     dp_size: int = 1

@@ -42,7 +42,12 @@ def get_backend(name: str):
 
 def config_errors(config) -> list[str]:
     """Everything ``config`` asks of its ``--backend`` that the backend cannot do (empty: fine)."""
-    return backend_entry(config.backend).config_errors(config)
+    entry = backend_entry(config.backend)
+    errors = entry.config_errors(config)
+    if config.max_tokens_per_micro_batch is not None and not entry.packs_micro_batches:
+        errors.append(f"--max-tokens-per-micro-batch is implemented for --backend torch only; drop it "
+                      f"(--micro-batch-size sizes the {config.backend} backend's micro-batches) or use --backend torch")
+    return errors
 
 
 def get_critic_backend(name: str):

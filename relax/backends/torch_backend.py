@@ -8,6 +8,12 @@ Per-token log-probs: the logits at column ``P + t - 1`` score response token ``t
 with ``log_softmax`` in float32 (stable for bf16/fp16 models) and zeroed where the response mask is
 false. Entropy is that of the full distribution at each response position.
 
+Token-budget micro-batches (``max_tokens_per_micro_batch``, ``--max-tokens-per-micro-batch``): the
+policy's passes group the samples by real token count and run each group as one padding-free packed
+row (``relax.models.packing``); the loss still receives ``[n, T]`` log-probs of the group's rows, so
+its mini-batch denominators are unchanged. Not for the critic (``value_head``) nor a custom
+``forward_logits``.
+
 Data parallelism (optional): with ``process_group`` given, gradients are all-reduced after the
 backward passes of a step and before clipping. ``dp_grad_reduction="sum"`` (default) fits the
 contract of ``PolicyLossInputs``: the loss is divided by *global* token/sequence counts, so the
@@ -29,6 +35,7 @@ from torch import nn
 from relax.backends import optim
 from relax.backends.base import LossFn, TrainingBackend
 from relax.config.run import RunConfig
+from relax.models import packing
 from relax.models.batch import (
     ForwardLogits,
     TokenBatch,
@@ -37,6 +44,8 @@ from relax.models.batch import (
     default_forward_logits,
     response_log_probs,
 )
+from relax.models.hf.adapter import hf_forward_logits
+from relax.models.packed_forward import packed_logits
 from relax.models.value import response_values
 
 _LORA_DEFAULTS = {"lora_alpha": ("--lora-alpha", 16.0), "lora_dropout": ("--lora-dropout", 0.0),
@@ -93,6 +102,7 @@ class TorchBackend(TrainingBackend):
 
     name = "torch"
     supports_critic = True
+    packs_micro_batches = True
 
     @classmethod
     def config_errors(cls, config: RunConfig) -> list[str]:
@@ -119,7 +129,7 @@ class TorchBackend(TrainingBackend):
                                    dropout=config.lora_dropout, target_modules=config.lora_target_modules)
         return cls(model, clip_grad=config.clip_grad, temperature=config.rollout_temperature,
                    process_group=process_group, forward_logits=forward_logits_fn(config),
-                   **_options(config, optim.lr_schedule(config)))
+                   max_tokens_per_micro_batch=config.max_tokens_per_micro_batch, **_options(config, optim.lr_schedule(config)))
 
     @classmethod
     def for_critic(cls, config, model: nn.Module, *, process_group=None) -> TorchBackend:
@@ -144,6 +154,7 @@ class TorchBackend(TrainingBackend):
         value_head: bool = False,
         schedule: optim.LRSchedule | None = None,
         bf16: bool = False,
+        max_tokens_per_micro_batch: int | None = None,
     ):
         if dp_grad_reduction not in ("sum", "mean"):
             raise ValueError(f"dp_grad_reduction must be 'sum' or 'mean', got {dp_grad_reduction!r}")
@@ -163,6 +174,8 @@ class TorchBackend(TrainingBackend):
         self.dp_grad_reduction = dp_grad_reduction
         self.forward_logits = forward_logits
         self.value_head = value_head
+        self.max_tokens_per_micro_batch = _checked_budget(max_tokens_per_micro_batch, value_head, forward_logits)
+        self.last_pack_plan: packing.PackPlan | None = None  # the latest packed pass's grouping
         self.step = 0
 
     @property
@@ -190,6 +203,30 @@ class TorchBackend(TrainingBackend):
         # float32 log-softmax (outside autocast) whatever the compute precision
         return response_log_probs(logits, batch, with_entropy=with_entropy, temperature=self.temperature)
 
+    def _forward_packed(self, batch: TokenBatch, rows: torch.Tensor, *, with_entropy: bool) -> TokenLogProbs:
+        """``_forward`` of ``batch``'s ``rows`` as one padding-free packed row (``batch`` on the device)."""
+        packed = packing.PackedRows.build(batch, rows)
+        with self._autocast():
+            logits = packed_logits(self.model, packed)
+        log_probs, entropy = packing.response_log_probs_packed(logits, packed, with_entropy=with_entropy,
+                                                               temperature=self.temperature)
+        return TokenLogProbs(log_probs=log_probs, entropy=entropy)
+
+    def _micro_batches(self, batch: TokenBatch, micro_batch_size: int | None, *, with_entropy: bool):
+        """``(rows, TokenLogProbs)`` per micro-batch, each forward run when its item is reached (so a
+        caller's backward frees its activations before the next one). ``rows``: a slice of
+        ``micro_batch_size`` rows, or with the token budget the index tensor of one packed group."""
+        if not self.max_tokens_per_micro_batch or len(batch) == 0:
+            for rows in _slices(len(batch), micro_batch_size):
+                yield rows, self._forward(batch.select(rows), with_entropy=with_entropy)
+            return
+        batch = _to_device(batch, self.device)
+        plan = packing.plan_micro_batches(packing.sample_lengths(batch), self.max_tokens_per_micro_batch)
+        self.last_pack_plan = plan
+        for group in plan.groups:
+            rows = torch.tensor(group, dtype=torch.long, device=self.device)
+            yield rows, self._forward_packed(batch, rows, with_entropy=with_entropy)
+
     def _autocast(self):
         """``--bf16``: the forward (and so the backward) computes in bfloat16 while the parameters,
         their gradients and the Adam state stay float32 (autocast casts weights per operation)."""
@@ -202,12 +239,14 @@ class TorchBackend(TrainingBackend):
         was_training = self.model.training
         self.model.eval()
         try:
-            parts = [self._forward(batch.select(rows), with_entropy=with_entropy) for rows in _slices(len(batch), micro_batch_size)]
+            parts = list(self._micro_batches(batch, micro_batch_size, with_entropy=with_entropy))
         finally:
             self.model.train(was_training)
+        if self.max_tokens_per_micro_batch and len(batch):
+            return _in_row_order(parts, len(batch), with_entropy)
         return TokenLogProbs(
-            log_probs=torch.cat([x.log_probs for x in parts]),
-            entropy=torch.cat([x.entropy for x in parts]) if with_entropy else None,
+            log_probs=torch.cat([x.log_probs for _, x in parts]),
+            entropy=torch.cat([x.entropy for _, x in parts]) if with_entropy else None,
         )
 
     @torch.no_grad()
@@ -231,8 +270,8 @@ class TorchBackend(TrainingBackend):
         self.optimizer.zero_grad(set_to_none=False)
         # Loss and metrics are shares of the mini-batch (PolicyLossOutput): both are summed.
         total_loss, sums = 0.0, {}
-        for rows in _slices(len(batch), micro_batch_size):
-            out = loss_fn(self._forward(batch.select(rows), with_entropy=with_entropy), rows)
+        for rows, token_log_probs in self._micro_batches(batch, micro_batch_size, with_entropy=with_entropy):
+            out = loss_fn(token_log_probs, rows)
             out.loss.backward()
             total_loss += float(out.loss.detach())
             for name, value in out.metrics.items():
@@ -253,6 +292,8 @@ class TorchBackend(TrainingBackend):
         self.optimizer.step()
         self.step += 1
         metrics = dict(sums)
+        if self.max_tokens_per_micro_batch and len(batch):
+            metrics.update(_packing_metrics(self.last_pack_plan, batch))
         metrics.update(loss=total_loss, grad_norm=grad_norm, lr=self.optimizer.param_groups[0]["lr"],
                        optimizer_state_mib=optim.optimizer_state_bytes(self.optimizer) / 2**20)
         return metrics
@@ -324,6 +365,37 @@ def _slices(n: int, micro_batch_size: int | None) -> list[slice]:
     if micro_batch_size < 1:
         raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
     return [slice(i, min(i + micro_batch_size, n)) for i in range(0, n, micro_batch_size)]
+
+
+def _checked_budget(budget: int | None, value_head: bool, forward_logits: ForwardLogits) -> int | None:
+    if budget is None:
+        return None
+    if budget < 1:
+        raise ValueError(f"max_tokens_per_micro_batch (--max-tokens-per-micro-batch) must be >= 1, got {budget}")
+    if value_head:
+        raise ValueError("max_tokens_per_micro_batch packs the policy's passes; the critic trains on padded micro-batches")
+    if forward_logits not in (default_forward_logits, hf_forward_logits):
+        raise ValueError("max_tokens_per_micro_batch runs its own packed forward (relax.models.packed_forward); "
+                         "it cannot be combined with a custom forward_logits")
+    return budget
+
+
+def _in_row_order(parts: list, n: int, with_entropy: bool) -> TokenLogProbs:
+    """Packed micro-batches' ``(rows, TokenLogProbs)`` -> one ``[N, T]`` result in the batch's row order."""
+    log_probs = parts[0][1].log_probs.new_zeros((n, parts[0][1].log_probs.shape[1]))
+    entropy = torch.zeros_like(log_probs) if with_entropy else None
+    for rows, x in parts:
+        log_probs[rows] = x.log_probs
+        if with_entropy:
+            entropy[rows] = x.entropy
+    return TokenLogProbs(log_probs=log_probs, entropy=entropy)
+
+
+def _packing_metrics(plan: packing.PackPlan, batch: TokenBatch) -> dict[str, float]:
+    """Counts (they add up over data-parallel ranks): micro-batches run, tokens computed packed, and the
+    tokens the padded ``[N, P + T]`` layout of the same rows would have computed."""
+    return {"micro_batches": float(len(plan.groups)), "packed_tokens": float(plan.packed_tokens),
+            "padded_tokens": float(batch.input_ids.numel())}
 
 
 def _to_device(batch: TokenBatch, device: torch.device) -> TokenBatch:

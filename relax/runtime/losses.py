@@ -24,7 +24,8 @@ def policy_loss_fn(
     step: int | None = None,
 ) -> LossFn:
     """``loss_fn(token_log_probs, micro)`` for ``TrainingBackend.train_step``: ``algorithm.policy_loss``
-    on the micro-batch rows ``micro`` of this mini-batch's tensors, normalized by the mini-batch's
+    on the micro-batch rows ``micro`` (a slice, or the row indices of a token-budget micro-batch) of
+    this mini-batch's tensors, normalized by the mini-batch's
     global token and sequence counts, so the backend's sum over micro-batches (and the gradient
     all-reduce over data-parallel ranks) gives exactly the whole mini-batch's loss.
     ``max_response_length``: the run's generation limit (``--rollout-max-response-len``), the L_max of
@@ -33,7 +34,7 @@ def policy_loss_fn(
     The output is checked (``check_policy_loss_output``): a non-scalar, non-float or non-finite loss
     stops the run naming the class, the method and ``step`` (when given), before any weight moves."""
 
-    def loss_fn(tlp, micro: slice) -> PolicyLossOutput:
+    def loss_fn(tlp, micro: slice | torch.Tensor) -> PolicyLossOutput:
         output = algorithm.policy_loss(
             PolicyLossInputs(
                 log_probs=tlp.log_probs,
@@ -54,7 +55,7 @@ def policy_loss_fn(
     return loss_fn
 
 
-def zero_loss(tlp, micro: slice) -> PolicyLossOutput:
+def zero_loss(tlp, micro: slice | torch.Tensor) -> PolicyLossOutput:
     """For a rank that holds nothing of a mini-batch: zero loss and gradient, but it still joins the
     gradient all-reduce."""
     return PolicyLossOutput(loss=tlp.log_probs.sum() * 0.0, metrics={})

@@ -1,0 +1,89 @@
+"""The logits of a packed row (``relax.models.packing.PackedRows``) with attention kept inside each sample.
+
+- The built-in ``TinyCausalLM``: its blocks take an explicit ``[B, 1, L, L]`` mask, so the packed row
+  gets a block-diagonal causal one (the model is small; a dense mask costs little at its widths).
+- transformers ``*ForCausalLM`` (and a ``peft`` model around one): for the forward, the model's
+  attention implementation is switched to ``relax_packed``, registered with transformers'
+  ``AttentionInterface``. It runs ``sdpa`` causally on each sample's slice of the queries, keys and
+  values, so the cost is the sum of the samples' squared lengths (a dense block-diagonal mask over the
+  row would cost the square of the whole row), and no ``[L, L]`` mask is ever built (an implementation
+  unknown to transformers' mask registry gets ``attention_mask=None``). Rotary embeddings come from
+  the per-sample ``position_ids`` that restart at 0. Models with sliding-window layers are refused
+  (the per-sample causal attention would ignore the window).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch import nn
+
+from relax.models.packing import PackedRows
+
+PACKED_ATTENTION = "relax_packed"
+_BOUNDS_KWARG = "relax_sample_bounds"
+
+
+def packed_logits(model: nn.Module, packed: PackedRows) -> torch.Tensor:
+    """``[1, L, V]`` logits of ``packed.input_ids``, each sample attending only to itself."""
+    if hasattr(model, "blocks") and hasattr(model, "hidden_states"):  # TinyCausalLM
+        allowed = block_causal_mask(packed.cu_seqlens, packed.input_ids.shape[1])
+        return model.hidden_states(packed.input_ids, allowed, packed.position_ids) @ model.tok_emb.weight.T
+    if not hasattr(model, "config") or not hasattr(model.config, "_attn_implementation"):
+        raise TypeError(
+            f"--max-tokens-per-micro-batch packs samples for the built-in model and transformers models; "
+            f"{type(model).__name__} is neither (drop the flag to train it on padded micro-batches)")
+    _register()
+    bounds = tuple(int(x) for x in packed.cu_seqlens.tolist())
+    with _attention_implementation(model.config, PACKED_ATTENTION):
+        out = model(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False,
+                    **{_BOUNDS_KWARG: bounds})
+    return out.logits
+
+
+def block_causal_mask(cu_seqlens: torch.Tensor, length: int) -> torch.Tensor:
+    """``[1, 1, L, L]`` bool: query i sees key j iff both are in the same sample and j <= i."""
+    sample = torch.repeat_interleave(torch.arange(len(cu_seqlens) - 1, device=cu_seqlens.device),
+                                     cu_seqlens.diff())
+    pos = torch.arange(length, device=cu_seqlens.device)
+    allowed = (sample[:, None] == sample[None, :]) & (pos[None, :] <= pos[:, None])
+    return allowed[None, None]
+
+
+@contextlib.contextmanager
+def _attention_implementation(config, name: str):
+    previous = config._attn_implementation
+    config._attn_implementation = name
+    try:
+        yield
+    finally:
+        config._attn_implementation = previous
+
+
+def _packed_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
+    """transformers' attention-function contract: ``query`` ``[1, H, L, D]`` (keys/values may have
+    fewer heads, GQA) -> ``([1, L, H, D], None)``."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    bounds = kwargs.get(_BOUNDS_KWARG)
+    if bounds is None:
+        raise RuntimeError(f"the {PACKED_ATTENTION!r} attention needs the packed row's sample bounds "
+                           "(relax.models.packed_forward.packed_logits passes them)")
+    if kwargs.get("sliding_window") is not None:
+        raise ValueError(
+            "--max-tokens-per-micro-batch: this model has sliding-window attention layers, which packed "
+            "per-sample attention does not implement; drop the flag to train on padded micro-batches")
+    parts = [
+        sdpa_attention_forward(module, query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], None,
+                               dropout=dropout, scaling=scaling, is_causal=True)[0]
+        for s, e in zip(bounds[:-1], bounds[1:])
+    ]
+    return torch.cat(parts, dim=1), None
+
+
+def _register() -> None:
+    from transformers import AttentionInterface
+
+    if PACKED_ATTENTION not in AttentionInterface._global_mapping:
+        AttentionInterface.register(PACKED_ATTENTION, _packed_attention)

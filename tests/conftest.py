@@ -40,6 +40,7 @@ def ray_cluster():
     warnings.filterwarnings("ignore", module="pydantic")
     import ray
 
+    from relax.runtime import lazy_dynamo
     from relax.runtime.data_plane import TransferQueueDataPlane
 
     paths = [str(user_dir)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
@@ -49,7 +50,7 @@ def ray_cluster():
         include_dashboard=False,
         object_store_memory=256 * 2**20,
         log_to_driver=False,
-        runtime_env={"env_vars": env},
+        runtime_env={"env_vars": env, "worker_process_setup_hook": lazy_dynamo.HOOK},
     )
     data_plane = TransferQueueDataPlane().start()
     try:

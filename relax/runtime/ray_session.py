@@ -9,6 +9,7 @@ import logging
 import os
 import threading
 
+from relax.runtime import lazy_dynamo
 from relax.runtime.environment import RAY_ENV_DEFAULTS, apply_environment_defaults
 from relax.runtime.reaper import Watchdog, sweep
 from relax.runtime.shipping import cluster_runtime_env
@@ -26,11 +27,13 @@ def _runtime_env(config) -> dict:
     env = {k: os.environ.get(k, v) for k, v in RAY_ENV_DEFAULTS.items()}
     if RUN_PREFIX_ENV in os.environ:
         env[RUN_PREFIX_ENV] = os.environ[RUN_PREFIX_ENV]
+    # every worker process defers torch._dynamo's import (relax.runtime.lazy_dynamo)
+    hook = {"worker_process_setup_hook": lazy_dynamo.HOOK}
     if config.ray_address or config.ray_working_dir:
-        return {"env_vars": env, **cluster_runtime_env(config)}
+        return {"env_vars": env, **hook, **cluster_runtime_env(config)}
     paths = [os.getcwd()] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
-    return {"env_vars": env}
+    return {"env_vars": env, **hook}
 
 
 RAY_ADDRESS_TIMEOUT_S = 5.0

@@ -7,19 +7,21 @@ its ``custom_meta`` and returns exactly the groups the caller asked for, and onl
 of every requested group is ready.
 
 It runs inside the TransferQueue controller actor (pickled there), so it imports only the stdlib and
-TransferQueue's base class (and relax's stdlib-only environment defaults).
+TransferQueue's base class (and relax's stdlib-only environment defaults and import hook).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from relax.runtime import lazy_dynamo
 from relax.runtime.environment import apply_environment_defaults
 
 # TransferQueue reads TQ_NUM_THREADS once, at import; this is the first place relax imports it.
 apply_environment_defaults()
+lazy_dynamo.install()  # before tensordict's import (relax.runtime.lazy_dynamo says why)
 
-from transfer_queue.sampler import BaseSampler  # noqa: E402
+from transfer_queue.sampler import BaseSampler
 
 GROUP_UID = "group_uid"  # custom_meta key: the prompt group of a sample (int, unique within a step)
 GROUP_SIZE = "group_size"  # custom_meta key: how many samples the group has in this partition

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 import megatron_workers as W
+from relax.backends.megatron.model import local_tensors
 from relax.models.tiny.model import TinyCausalLM
 
 
@@ -42,7 +43,7 @@ def bf16_runs(rank: int, world: int) -> dict:
     out["param_dtypes"] = {name: p.dtype for name, p in params.items()}
     out["master_dtypes"] = {name: m.dtype for name, m in masters.items()}
     out["initial_masters"] = mg._gather({k: v.detach().clone() for k, v in masters.items()})
-    out["initial_params"] = mg.export_weights()
+    out["initial_params"] = mg._gather(local_tensors(mg.model.module))
     out["logits_dtype"] = mg.logits(batch).dtype
     out["inline_schedule"].append(mg._unpipelined_applies())
     out["bf16"] = W.run_training(mg, batch)
@@ -60,7 +61,9 @@ def bf16_runs(rank: int, world: int) -> dict:
     }
     out["adam_exp_avg"] = mg._gather(mg._adam_state("exp_avg"))
     out["bf16_masters"] = mg._gather({k: v.detach().clone() for k, v in masters.items()})
+    out["bf16_params"] = mg._gather(local_tensors(mg.model.module))
     out["bf16_exported"] = mg.export_weights()
+    out["rollout"] = _published_to_engines(mg)
     del mg
 
     # -- the torch backend's --bf16 (autocast over float32 weights) on the same model and batch --
@@ -81,6 +84,20 @@ def bf16_runs(rank: int, world: int) -> dict:
         )
     out["checkpointed_calls"] = len(calls)
     return out
+
+
+def _published_to_engines(backend) -> dict:
+    """The weights a rollout engine holds after the trainer's publish, as ``relax train`` moves them
+    (``ObjectStoreSync``: export, pack, unpack, ``load_weights``), into a float32 and a bfloat16 engine."""
+    from relax.rollout.tiny.engine import TinyEngine
+    from relax.runtime.weight_sync import ObjectStoreSync
+
+    sync = ObjectStoreSync()
+    handle = sync.publish(sync.export(backend, rank=0))
+    engines = {"float32": TinyEngine(_tiny_model()), "bfloat16": TinyEngine(_tiny_model().bfloat16())}
+    for engine in engines.values():
+        sync.receive(handle, engine)
+    return {dtype: {k: v.clone() for k, v in engine.model.state_dict().items()} for dtype, engine in engines.items()}
 
 
 def bf16_two_ranks(rank: int, world: int) -> dict:
@@ -109,7 +126,7 @@ def bf16_resume(rank: int, world: int) -> dict:
     loss_fn = W.make_loss_fn(batch, old, W.advantages_for(batch), float(batch.response_mask.sum()))
 
     def snapshot(backend) -> dict:
-        return {"params": backend.export_weights(),
+        return {"params": backend._gather(local_tensors(backend.model.module)),
                 "masters": backend._gather({k: v.detach().clone() for k, v in backend._master_params().items()}),
                 "exp_avg_sq": backend._gather(backend._adam_state("exp_avg_sq")), "steps": backend.steps}
 
@@ -120,11 +137,17 @@ def bf16_resume(rank: int, world: int) -> dict:
     for _ in range(2):
         first.train_step(batch, loss_fn, micro_batch_size=W.MICRO)
     state = first.state_dict()
-    out["state_dtypes"] = {"model": {v.dtype for v in state["model"].values()},
-                           "master": {v.dtype for v in state["master"].values()}}
+    out["state_dtypes"] = {part: {v.dtype for v in state[part].values()} for part in ("model", "master") if part in state}
     del first
     resumed = W._megatron(bf16=True)
     resumed.load_state_dict(state)
     out["resumed_metrics"] = resumed.train_step(batch, loss_fn, micro_batch_size=W.MICRO)
     out["resumed"] = snapshot(resumed)
+    del resumed
+    # a checkpoint of the earlier layout: bfloat16 "model" weights, the float32 masters as "master"
+    legacy = dict(state, model={k: v.bfloat16() for k, v in state["model"].items()}, master=state["model"])
+    from_legacy = W._megatron(bf16=True)
+    from_legacy.load_state_dict(legacy)
+    from_legacy.train_step(batch, loss_fn, micro_batch_size=W.MICRO)
+    out["from_legacy"] = snapshot(from_legacy)
     return out

@@ -271,12 +271,24 @@ class MegatronBackend(MegatronEntry):
     def export_weights(self) -> dict[str, torch.Tensor]:
         """Whole weights in the family's naming (``TinyCausalLM`` names, or the HF module's
         ``state_dict`` names, which the HF rollout engine and the HF export load). A collective: every
-        rank must call it."""
-        return self._gather(local_tensors(self.model.module))
+        rank must call it.
+
+        These are the weights the optimizer steps, in float32: with ``--bf16`` the float32 masters,
+        not the bfloat16 parameters (like the torch backend, whose float32 parameters are its
+        masters). A receiver rounds them once, to its own dtype: a rollout engine when it copies them
+        into its model, the Hugging Face export to the base checkpoint's dtype. The bfloat16
+        parameters would lose every update below bfloat16's resolution (near 1.0, e.g. a norm
+        weight, any change under 2**-9 at the default ``--lr``)."""
+        return self._gather({name: tensor.detach() for name, tensor in self._master_tensors().items()})
 
     def load_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
-        """Replace the model weights (the family's naming); optimizer state is kept."""
+        """Replace the model weights (the family's naming); optimizer state is kept. With ``--bf16``
+        the float32 masters take ``weights`` exactly and the bfloat16 parameters their rounding, as
+        after an optimizer step."""
         self._load_weights_into(self.model.module, weights)
+        if self.bf16:
+            with torch.no_grad():
+                self._shard_into(self._master_params(), weights)
 
     # -- batches -----------------------------------------------------------------------------
 
@@ -493,6 +505,13 @@ class MegatronBackend(MegatronEntry):
         inner = getattr(self.optimizer, "chained_optimizers", [self.optimizer])
         return [o.optimizer for o in inner]
 
+    def _master_tensors(self) -> dict[str, torch.Tensor]:
+        """Every local tensor of the model (``local_tensors`` names, shared tensors under each of
+        their names), as the optimizer steps it: a parameter's float32 master when it has one."""
+        params = dict(self.model.module.named_parameters(remove_duplicate=False))
+        return {name: getattr(params.get(name), "main_param", tensor)
+                for name, tensor in local_tensors(self.model.module).items()}
+
     def _master_params(self) -> dict[str, torch.Tensor]:
         """The tensors the optimizer steps, by local Megatron name: the parameters themselves in
         float32, their float32 master copies (``param.main_param``, set by Megatron's mixed-precision
@@ -512,14 +531,16 @@ class MegatronBackend(MegatronEntry):
         return out
 
     def state_dict(self) -> dict:
-        """Model weights and Adam moments in the family's naming, independent of tp/pp/dp layout.
+        """Model weights (``export_weights``: float32, with ``--bf16`` the masters, from which the
+        bfloat16 parameters are their rounding) and Adam moments in the family's naming, independent
+        of tp/pp/dp layout.
 
         A collective over the model-parallel group: every rank must call it.
         """
         adam_steps = [
             float(s["step"]) for opt in self._torch_optimizers() for s in opt.state.values() if "step" in s
         ]
-        state = {
+        return {
             "format": CHECKPOINT_FORMAT,
             "model_config": self.family.describe(),
             "model": self.export_weights(),
@@ -528,11 +549,6 @@ class MegatronBackend(MegatronEntry):
             "adam_step": max(adam_steps, default=0.0),
             "steps": self.steps,
         }
-        if self.bf16:
-            # "model" holds the bfloat16 weights the rollout samples with; the optimizer steps the
-            # float32 masters, which a resumed run must continue from exactly.
-            state["master"] = self._gather({name: m.detach() for name, m in self._master_params().items()})
-        return state
 
     def load_state_dict(self, state: Mapping) -> None:
         if state.get("format") != CHECKPOINT_FORMAT:
@@ -542,14 +558,11 @@ class MegatronBackend(MegatronEntry):
             )
         if state["model_config"] != self.family.describe():
             raise ValueError(f"checkpoint model {state['model_config']} != this model {self.family.describe()}")
-        # The float32 masters when the checkpoint has them (a --bf16 run), else its float32 weights;
-        # with --bf16 the parameters are their rounding, as after an optimizer step.
-        weights = state.get("master", state["model"])
-        self.load_weights(weights)
+        # "model" holds the float32 weights the optimizer steps (with --bf16 its masters); a --bf16
+        # checkpoint written before the export took the masters held them beside bfloat16 "model"
+        # weights, as "master".
+        self.load_weights(state.get("master", state["model"]))
         masters = self._master_params()  # the tensors the optimizer steps (the parameters in float32)
-        if self.bf16:
-            with torch.no_grad():
-                self._shard_into(masters, weights)
         name_of = {id(m): name for name, m in masters.items()}
         for key in ("exp_avg", "exp_avg_sq"):
             targets = {name: torch.zeros_like(m) for name, m in masters.items()}

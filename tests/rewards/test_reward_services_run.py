@@ -2,7 +2,8 @@
 sequence-classification reward model (``--reward-model-path``) mixed with a reward function's
 component under GDPO, with two rollout workers and an evaluation; and a tiny judge
 (``--judge-model-path``) with ``--fully-async``. Every step's samples reach the service together, so
-its batches hold more than one sample (``reward_model/batch_size_mean`` > 1)."""
+its batches hold more than one sample (``reward_model/batch_size_mean`` > 1), and the logged scores
+equal the reward model called directly on each text."""
 
 from __future__ import annotations
 
@@ -47,7 +48,8 @@ def test_a_reward_model_on_serve_mixes_with_a_function_reward_under_gdpo(ray_clu
     argv = ["train", *_common(tmp_path, policy), "--reward-model-path", str(rm), "--reward-keys", "digits", "rm",
             "--num-rollout", "3", "--rollout-num-workers", "2", "--reward-model-batch-size", "16",
             "--reward-model-batch-wait-s", "0.2", "--reward-model-cpus", "0.5",
-            "--eval-prompt-data", _prompts(tmp_path / "eval.jsonl", 4), "--no-eval-before-train"]
+            "--eval-prompt-data", _prompts(tmp_path / "eval.jsonl", 4), "--no-eval-before-train",
+            "--log-completions", "16"]
     assert main(argv) == 0
     rows = _rows(tmp_path / "run")
     train = [r for r in rows if "reward/rm/mean" in r]
@@ -58,6 +60,14 @@ def test_a_reward_model_on_serve_mixes_with_a_function_reward_under_gdpo(ray_clu
         assert r["reward_model/time_s"] > 0 and r["reward/rm/std"] > 0  # a random RM scores samples apart
         assert "reward/digits/mean" in r and "multi_reward/gdpo_cancel_rate" in r
     assert any("eval/rm/mean" in r for r in rows)  # the evaluation is scored by the service too
+    # the served scores (batched, both workers' samples together) are the model's on each text alone
+    from relax.rollout.reward_scorers import SequenceScorer
+
+    logged = [json.loads(line) for line in (tmp_path / "run" / "completions.jsonl").read_text().splitlines()]
+    logged = [x for x in logged if x["split"] == "train"]
+    assert len(logged) == 48
+    direct = SequenceScorer(str(rm)).score([(x["prompt"], x["completion"], None) for x in logged])
+    assert [x["rewards"]["rm"] for x in logged] == pytest.approx(direct, abs=1e-5)
 
 
 @pytest.mark.ray
@@ -79,5 +89,6 @@ def test_a_judge_on_serve_scores_with_its_yes_probability_in_an_asynchronous_run
     rows = [r for r in _rows(tmp_path / "run") if "reward/verdict/mean" in r]
     assert [r["step"] for r in rows] == [1, 2]
     for r in rows:
-        assert 1 < r["judge/batch_size_mean"] <= 8, r
+        # 16 samples, all sent at once, at most 8 per batched call: two calls or more
+        assert 1 < r["judge/batch_size_mean"] <= 8 and r["judge/calls"] >= 2, r
         assert 0 < r["reward/verdict/mean"] < 1  # a probability

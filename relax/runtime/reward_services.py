@@ -102,8 +102,9 @@ def make_deployment(settings: dict):
 
 def service_metrics(reports: list[dict]) -> dict[str, float]:
     """``<service>/batch_size_mean`` (samples per batched call, over the step's calls of every rollout
-    worker; a batch mixing two workers' samples counts once) and ``<service>/time_s`` (the longest
-    any worker waited for it) from the workers' ``CombinedRewards.take_stats()``."""
+    worker; a batch mixing two workers' samples counts once), ``<service>/calls``,
+    ``<service>/replicas_used`` and ``<service>/time_s`` (the longest any worker waited for it) from
+    the workers' ``CombinedRewards.take_stats()``."""
     metrics: dict[str, float] = {}
     for metric in sorted({m for r in reports for m in r}):
         batches: dict[str, int] = {}
@@ -112,6 +113,8 @@ def service_metrics(reports: list[dict]) -> dict[str, float]:
         if batches:
             metrics[f"{metric}/batch_size_mean"] = sum(batches.values()) / len(batches)
             metrics[f"{metric}/calls"] = float(len(batches))
+            # batch ids are "<replica>-<call>": how many replicas shared the step's samples
+            metrics[f"{metric}/replicas_used"] = float(len({b.rsplit("-", 1)[0] for b in batches}))
         metrics[f"{metric}/time_s"] = max(r[metric]["time_s"] for r in reports if metric in r)
     return metrics
 

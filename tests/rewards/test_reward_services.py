@@ -145,7 +145,23 @@ def test_step_metrics_count_a_batch_shared_by_two_workers_once():
     worker0 = {"reward_model": {"batches": {"r1-1": 12, "r1-2": 4}, "time_s": 0.5}}
     worker1 = {"reward_model": {"batches": {"r1-1": 12}, "time_s": 0.75}}
     metrics = service_metrics([worker0, worker1])
-    assert metrics == {"reward_model/batch_size_mean": 8.0, "reward_model/calls": 2.0, "reward_model/time_s": 0.75}
+    assert metrics == {"reward_model/batch_size_mean": 8.0, "reward_model/calls": 2.0, "reward_model/replicas_used": 1.0,
+                       "reward_model/time_s": 0.75}
+
+
+def test_the_replica_settings_follow_the_flags(tmp_path):
+    from relax.config.run import RunConfig
+    from relax.runtime.reward_services import service_settings
+
+    template = tmp_path / "t.txt"
+    template.write_text("{prompt} {response}")
+    config = RunConfig(reward_model_path="RM", reward_model_replicas=3, reward_model_cpus=2.0, judge_model_path="J",
+                       judge_template=str(template), judge_gpus=0.25, judge_batch_size=4, judge_batch_wait_s=0.5)
+    rm = service_settings(config, "reward_model", free_gpus=2.0, total_replicas=4)
+    assert (rm["path"], rm["replicas"], rm["cpus"], rm["gpus"], rm["template"]) == ("RM", 3, 2.0, 0.5, None)
+    judge = service_settings(config, "judge", free_gpus=2.0, total_replicas=4)
+    assert (judge["gpus"], judge["batch_size"], judge["batch_wait_s"], judge["template"]) == (
+        0.25, 4, 0.5, "{prompt} {response}")
 
 
 def test_the_default_gpu_request_shares_the_free_gpus():

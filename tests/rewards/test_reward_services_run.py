@@ -84,7 +84,8 @@ def test_a_judge_on_serve_scores_with_its_yes_probability_in_an_asynchronous_run
     template.write_text("Question: {prompt}\nAnswer: {response}\nExpected: {label}\nIs the answer right?")
     argv = ["train", *_common(tmp_path, policy), "--judge-model-path", str(policy), "--judge-template",
             str(template), "--judge-key", "verdict", "--reward-keys", "digits", "verdict", "--num-rollout", "2",
-            "--fully-async", "--judge-batch-size", "8", "--judge-batch-wait-s", "0.2", "--judge-cpus", "0.5"]
+            "--fully-async", "--judge-batch-size", "8", "--judge-batch-wait-s", "0.2", "--judge-cpus", "0.5",
+            "--judge-replicas", "2"]
     assert main(argv) == 0
     rows = [r for r in _rows(tmp_path / "run") if "reward/verdict/mean" in r]
     assert [r["step"] for r in rows] == [1, 2]
@@ -92,3 +93,5 @@ def test_a_judge_on_serve_scores_with_its_yes_probability_in_an_asynchronous_run
         # 16 samples, all sent at once, at most 8 per batched call: two calls or more
         assert 1 < r["judge/batch_size_mean"] <= 8 and r["judge/calls"] >= 2, r
         assert 0 < r["reward/verdict/mean"] < 1  # a probability
+    # two replicas: Serve's router sends the second batch's requests to the idle one
+    assert max(r["judge/replicas_used"] for r in rows) == 2

@@ -7,6 +7,7 @@ Each rule is ``rule(config, algorithm, who, errors, warnings)``: it appends mess
 
 from __future__ import annotations
 
+import attrs
 import torch
 
 from relax.algorithms.base import RLAlgorithm
@@ -177,6 +178,14 @@ def check_reward_services(config, algorithm, who, errors, warnings):
     if len(services) == 2 and services[0][1] == services[1][1]:
         errors.append(f"--reward-model-key and --judge-key are both {services[0][1]!r}: give each service its own "
                       "reward component")
+    for prefix, path_flag, on in (("reward_model_", "--reward-model-path", config.reward_model_path),
+                                  ("judge_", "--judge-model-path", config.judge_model_path)):
+        if on:
+            continue
+        for field in attrs.fields(type(config)):
+            if (field.name.startswith(prefix) and not field.name.endswith(("_path", "_template"))
+                    and getattr(config, field.name) != field.default):
+                warnings.append(f"--{field.name.replace('_', '-')} has no effect without {path_flag}")
     if services and config.env_path:
         errors.append(f"--env-path {config.env_path}: multi-turn episodes are scored by the environment's rewards; "
                       "the reward services (--reward-model-path, --judge-model-path) score single-turn samples only")

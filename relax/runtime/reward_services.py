@@ -48,6 +48,7 @@ def service_settings(config, metric: str, free_gpus: float, total_replicas: int)
         settings = {"path": c.judge_model_path, "template": template, "replicas": c.judge_replicas,
                     "batch_size": c.judge_batch_size, "batch_wait_s": c.judge_batch_wait_s,
                     "cpus": c.judge_cpus, "gpus": c.judge_gpus}
+    settings["path"] = os.path.abspath(settings["path"])  # a replica's working directory is not the driver's
     if settings["gpus"] is None:
         settings["gpus"] = service_gpus(free_gpus, total_replicas)
     return {"kind": metric, **settings}

@@ -15,6 +15,9 @@ REWARDS = textwrap.dedent('''
     def digits(prompt, completion, label, metadata):
         return {"digits": float(sum(c.isdigit() for c in completion))}
 
+    def two(prompt, completion, label, metadata):
+        return {"digits": float(sum(c.isdigit() for c in completion)), "len": float(len(completion))}
+
     def takes_rm(prompt, completion, label, metadata):
         return {"digits": 0.0, "rm": 1.0}
 ''')
@@ -97,3 +100,15 @@ def test_good_reward_service_inputs_pass_the_dry_run(files, monkeypatch, capsys)
     argv = _argv(root, "--reward-model-path", str(rm), "--judge-model-path", str(causal), "--judge-template",
                  str(root / "good.txt"), "--reward-keys", "digits", "rm", "judge")
     assert _main(argv) == 0, capsys.readouterr().err
+
+
+def test_service_flags_without_their_service_warn(files, monkeypatch, capsys):
+    root = files[0]
+    monkeypatch.syspath_prepend(str(root))
+    argv = _argv(root, "--reward-keys", "digits", "len", "--custom-rm-path", "service_check_rewards:two",
+                 "--reward-model-replicas", "2", "--judge-key", "verdict")
+    code = _main(argv)
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert "--reward-model-replicas has no effect without --reward-model-path" in err, err
+    assert "--judge-key has no effect without --judge-model-path" in err, err

@@ -7,6 +7,7 @@ the model too)."""
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 import torch
@@ -158,7 +159,7 @@ def test_the_replica_settings_follow_the_flags(tmp_path):
     config = RunConfig(reward_model_path="RM", reward_model_replicas=3, reward_model_cpus=2.0, judge_model_path="J",
                        judge_template=str(template), judge_gpus=0.25, judge_batch_size=4, judge_batch_wait_s=0.5)
     rm = service_settings(config, "reward_model", free_gpus=2.0, total_replicas=4)
-    assert (rm["path"], rm["replicas"], rm["cpus"], rm["gpus"], rm["template"]) == ("RM", 3, 2.0, 0.5, None)
+    assert (rm["path"], rm["replicas"], rm["cpus"], rm["gpus"], rm["template"]) == (os.path.abspath("RM"), 3, 2.0, 0.5, None)
     judge = service_settings(config, "judge", free_gpus=2.0, total_replicas=4)
     assert (judge["gpus"], judge["batch_size"], judge["batch_wait_s"], judge["template"]) == (
         0.25, 4, 0.5, "{prompt} {response}")

@@ -108,11 +108,13 @@ def bf16_two_ranks(rank: int, world: int) -> dict:
     backend = W._megatron(tensor_model_parallel_size=2, bf16=True)
     out["tp2"] = W.run_training(backend, batch)
     out["tp2_masters"] = backend._gather({k: v.detach().clone() for k, v in backend._master_params().items()})
+    out["tp2_exported"] = backend.export_weights()
     del backend
     W._reset_parallel_state()
     backend = W._megatron(pipeline_model_parallel_size=2, bf16=True)
     out["pp2"] = W.run_training(backend, batch, micro=2)
     out["pp2_masters"] = backend._gather({k: v.detach().clone() for k, v in backend._master_params().items()})
+    out["pp2_exported"] = backend.export_weights()  # the tied output layer's copy lives on the last stage
     out["pp2_param_dtypes"] = {p.dtype for p in backend.model.module.parameters()}
     return out
 

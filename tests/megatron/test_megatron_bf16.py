@@ -135,6 +135,10 @@ def test_bf16_tensor_and_pipeline_parallel_follow_tp1(runs):
                 assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=0.05), layout
             got = _update(rank[f"{layout}_masters"], initial)
             assert float((got - reference).norm() / reference.norm()) < 0.1, layout
+            exported, masters = rank[f"{layout}_exported"], rank[f"{layout}_masters"]
+            assert exported.keys() == masters.keys(), layout  # gathered over the shards / stages ...
+            for name, master in masters.items():  # ... the float32 masters, as at TP=1
+                assert torch.equal(exported[name], master), (layout, name)
 
 
 REWARD = '''

@@ -1,14 +1,18 @@
-"""The logits of a packed row (``relax.models.packing.PackedRows``) with attention kept inside each sample.
+"""The logits of a packed row (``relax.models.packing.PackedRows``) with attention kept inside each sample,
+projected onto the vocabulary only at the positions that score a response token (``score_at``): the
+language-model head is the widest matrix of a small model, and in the padded path it also runs on
+every prompt and padding column.
 
 - The built-in ``TinyCausalLM``: its blocks take an explicit ``[B, 1, L, L]`` mask, so the packed row
   gets a block-diagonal causal one (the model is small; a dense mask costs little at its widths).
 - transformers ``*ForCausalLM`` (and a ``peft`` model around one): for the forward, the model's
   attention implementation is switched to ``relax_packed``, registered with transformers'
   ``AttentionInterface``. It runs ``sdpa`` causally on each sample's slice of the queries, keys and
-  values, so the cost is the sum of the samples' squared lengths (a dense block-diagonal mask over the
+  values (``split``, whose backward is one concatenation), so the cost is the sum of the samples' squared lengths (a dense block-diagonal mask over the
   row would cost the square of the whole row), and no ``[L, L]`` mask is ever built (an implementation
   unknown to transformers' mask registry gets ``attention_mask=None``). Rotary embeddings come from
-  the per-sample ``position_ids`` that restart at 0. Models with sliding-window layers are refused
+  the per-sample ``position_ids`` that restart at 0, and ``logits_to_keep`` (a 1-D index tensor)
+  keeps the head's rows to the scored positions. Models with sliding-window layers are refused
   (the per-sample causal attention would ignore the window).
 """
 
@@ -26,10 +30,11 @@ _BOUNDS_KWARG = "relax_sample_bounds"
 
 
 def packed_logits(model: nn.Module, packed: PackedRows) -> torch.Tensor:
-    """``[1, L, V]`` logits of ``packed.input_ids``, each sample attending only to itself."""
+    """``[K, V]`` logits at ``packed.score_at`` of ``packed.input_ids``, each sample attending only to itself."""
     if hasattr(model, "blocks") and hasattr(model, "hidden_states"):  # TinyCausalLM
         allowed = block_causal_mask(packed.cu_seqlens, packed.input_ids.shape[1])
-        return model.hidden_states(packed.input_ids, allowed, packed.position_ids) @ model.tok_emb.weight.T
+        hidden = model.hidden_states(packed.input_ids, allowed, packed.position_ids)[0, packed.score_at]
+        return hidden @ model.tok_emb.weight.T
     if not hasattr(model, "config") or not hasattr(model.config, "_attn_implementation"):
         raise TypeError(
             f"--max-tokens-per-micro-batch packs samples for the built-in model and transformers models; "
@@ -38,8 +43,8 @@ def packed_logits(model: nn.Module, packed: PackedRows) -> torch.Tensor:
     bounds = tuple(int(x) for x in packed.cu_seqlens.tolist())
     with _attention_implementation(model.config, PACKED_ATTENTION):
         out = model(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False,
-                    **{_BOUNDS_KWARG: bounds})
-    return out.logits
+                    logits_to_keep=packed.score_at, **{_BOUNDS_KWARG: bounds})
+    return out.logits.reshape(-1, out.logits.shape[-1])
 
 
 def block_causal_mask(cu_seqlens: torch.Tensor, length: int) -> torch.Tensor:
@@ -74,10 +79,10 @@ def _packed_attention(module, query, key, value, attention_mask, dropout: float 
         raise ValueError(
             "--max-tokens-per-micro-batch: this model has sliding-window attention layers, which packed "
             "per-sample attention does not implement; drop the flag to train on padded micro-batches")
+    sizes = [e - s for s, e in zip(bounds[:-1], bounds[1:])]
     parts = [
-        sdpa_attention_forward(module, query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], None,
-                               dropout=dropout, scaling=scaling, is_causal=True)[0]
-        for s, e in zip(bounds[:-1], bounds[1:])
+        sdpa_attention_forward(module, q, k, v, None, dropout=dropout, scaling=scaling, is_causal=True)[0]
+        for q, k, v in zip(query.split(sizes, dim=2), key.split(sizes, dim=2), value.split(sizes, dim=2))
     ]
     return torch.cat(parts, dim=1), None
 

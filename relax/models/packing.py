@@ -112,9 +112,10 @@ class PackedRows:
 
 def response_log_probs_packed(logits: torch.Tensor, packed: PackedRows, *, with_entropy: bool,
                               temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``[n, T]`` log-probs (and entropy) from the packed row's logits ``[1, L, V]``, computed like
-    ``relax.models.batch.response_log_probs`` (float32 log-softmax) but only at the scored positions."""
-    scores = logits[0, packed.score_at].float()
+    """``[n, T]`` log-probs (and entropy) from the logits ``[K, V]`` at the scored positions
+    (``relax.models.packed_forward.packed_logits``), computed like ``relax.models.batch.response_log_probs``
+    (float32 log-softmax)."""
+    scores = logits.float()
     if temperature != 1.0:
         scores = scores / temperature
     log_probs_all = torch.log_softmax(scores, dim=-1)

@@ -21,6 +21,7 @@ SCRIPTS = {
     "hf_rollout": "benchmarks/hf_rollout.py",
     "megatron_vs_torch": "benchmarks/megatron_vs_torch.py",
     "memory": "benchmarks/memory.py",
+    "packing": "benchmarks/packing.py",
     "pipeline": "benchmarks/pipeline.py",
     "rollout_engines": "benchmarks/rollout_engines.py",
     "startup": "benchmarks/startup.py",
@@ -64,6 +65,14 @@ def test_memory(monkeypatch):
     results = smoke("memory", monkeypatch)
     assert [r["config"] for r in results] == ["fp32", "bf16", "recompute", "bf16+recompute", "lora"]
     assert all(r["peak_mib"] > 0 and r["step_s"] > 0 for r in results)
+
+
+def test_packing(monkeypatch):
+    pytest.importorskip("transformers")
+    result = smoke("packing", monkeypatch)
+    assert result["packed_micro_batches"] >= 1 and result["real_tokens"] < result["padded_tokens"]
+    assert result["padded_step_s"] > 0 and result["packed_step_s"] > 0
+    assert result["max_grad_rel_diff"] < 1e-4  # the same step, up to the order of the float sums
 
 
 @pytest.mark.slow

@@ -26,7 +26,7 @@ directory; ``run(config)`` runs it again only for a configuration this process h
 
 One module per kind of check: ``user_code`` (the method's constructor, reward hooks), ``outputs``
 (output directory, ``--load``), ``model`` (checkpoint directory, tokenizer), ``prompts``, ``rewards``
-(reward function, environment) and ``ray_address``; ``common`` holds ``PreflightError``.
+(reward function, environment), ``reward_services`` and ``ray_address``; ``common`` holds ``PreflightError``.
 """
 
 from __future__ import annotations

@@ -168,3 +168,17 @@ def test_the_replica_settings_follow_the_flags(tmp_path):
 def test_the_default_gpu_request_shares_the_free_gpus():
     assert service_gpus(0.0, 2) == 0.0 and service_gpus(-1.0, 1) == 0.0
     assert service_gpus(1.0, 2) == 0.5 and service_gpus(3.0, 2) == 1.0
+
+
+def test_the_call_before_training_names_the_service_that_fails(tmp_path):
+    from relax.config.run import RunConfig
+    from relax.runtime.reward_services import RewardServices
+    from relax.runtime.waits import WorkerDied
+
+    services = RewardServices(RunConfig(reward_model_path="RM"), free_gpus=0.0)
+    services.handles = {"reward_model": FakeHandle(fail_on="What is 2 + 3?")}
+    with pytest.raises(WorkerDied, match=r"pre-flight call of the reward model service \(--reward-model-path RM\) "
+                                         r"on the sample .*ValueError: the replica ran out of memory"):
+        services.check(services.services[0], timeout=5)
+    services.handles = {"reward_model": FakeHandle()}
+    assert services.check(services.services[0], timeout=5) == len("What is 2 + 3?" + " 5")

@@ -25,6 +25,7 @@ import yaml
 from relax.cli.algorithms_cmd import add_algorithms_arguments, run_algorithms
 from relax.cli.arguments import HelpFormatter, add_train_arguments, method_of_command_line
 from relax.cli.build import build_run_config, foreign_flag_warnings
+from relax.cli.cluster_cmd import add_cluster_arguments, run_cluster
 from relax.cli.config_file import (
     EFFECTIVE_CONFIG_NAME,
     ConfigFileError,
@@ -36,6 +37,7 @@ from relax.cli.plot import add_plot_arguments, run_plot, write_run_plot
 from relax.cli.preflight import PreflightError, preflight
 from relax.cli.suggest import closest
 from relax.config.run import RunConfig
+from relax.runtime.environment import apply_environment_defaults
 from relax.runtime.validation import ConfigError, resolve_batch_shape, validate
 
 TRAIN_DESCRIPTION = """\
@@ -89,7 +91,15 @@ def build_parser(algorithm=None) -> tuple[argparse.ArgumentParser, dict[str, arg
         description="Per-component reward curves against step and wall time; several runs are overlaid.",
     )
     add_plot_arguments(plot)
-    return parser, {"train": train, "algorithms": algorithms, "plot": plot}
+    cluster = commands.add_parser(
+        "cluster",
+        allow_abbrev=False,
+        help="keep a local Ray cluster up between runs (the warm path)",
+        description="Start, stop or show a kept cluster: Ray, Serve, TransferQueue and pre-started workers "
+                    "stay up between runs, which join it with --ray-address.",
+    )
+    add_cluster_arguments(cluster)
+    return parser, {"train": train, "algorithms": algorithms, "plot": plot, "cluster": cluster}
 
 
 def unrecognized_message(extras: list[str], subparser: argparse.ArgumentParser) -> str:
@@ -257,6 +267,9 @@ def _make_cwd_importable() -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     _make_cwd_importable()
+    # Ray reads some of these once, at its import (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER decides which
+    # address a driver joining `--ray-address 127.0.0.1:PORT` dials): set them before anything imports it.
+    apply_environment_defaults()
     if argv[:1] == ["train"]:
         try:  # the method's own flags join the parser: find the method first
             parser, subparsers = build_parser(method_of_command_line(_with_resumed_config(argv[1:])))
@@ -305,6 +318,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_plot(args, subparsers["plot"])
     if args.command == "algorithms":
         return run_algorithms(args, subparsers["algorithms"])
+    if args.command == "cluster":
+        return run_cluster(args, subparsers["cluster"])
     parser.error(f"unknown command {args.command!r}")  # unreachable: argparse checks choices
 
 

@@ -21,6 +21,7 @@ from relax.runtime.ray_session import (
     quiet_transferqueue_client,
     start_ray,
     stop_ray,
+    worker_env_vars,
 )
 from relax.runtime.reaper import kill_pids
 from relax.runtime.shipping import with_absolute_paths
@@ -33,6 +34,7 @@ from relax.runtime.waits import (
     watch_components,
     watch_heartbeats,
 )
+from relax.runtime.worker_pool import claim as claim_workers
 
 STARTUP_TIMEOUT_S = 300
 
@@ -67,6 +69,7 @@ class Runtime:
         self.reward_services = None  # --reward-model-path / --judge-model-path (relax.runtime.reward_services)
         self._serve_error = "unknown error"
         self.startup_times: dict[str, float] = {}
+        self.pool_claim = None
         self.heartbeats = Heartbeats(config.worker_timeout)  # relax.runtime.heartbeat
 
     def start(self) -> None:
@@ -95,20 +98,27 @@ class Runtime:
         if gpus and not actor_gpus:
             log(f"relax: warning: {gpus:g} GPU(s) for {w} actor rank(s) + {cfg.rollout_num_workers} rollout "
                 "worker(s); requesting none (NCCL ranks cannot share a GPU)")
-        # Spawn every worker first: their processes start and import torch in parallel with the
-        # TransferQueue and Serve start-up below.
-        self.rollouts = [
-            ray.remote(RolloutWorker).options(**opts, num_gpus=rollout_gpus).remote(cfg, algorithm_spec, i)
-            for i in range(cfg.rollout_num_workers)
-        ]
         with_ref = R.REFERENCE in self.layout
         on_actor = self.layout.placement[R.ADVANTAGES] == R.ON_ACTOR
-        self.actors = [
-            ray.remote(ActorWorker).options(**opts, num_gpus=actor_gpus).remote(
-                cfg, algorithm_spec, r, w, with_reference=with_ref, advantages_on_actor=on_actor
-            )
-            for r in range(w)
-        ]
+        rollout_args = [((cfg, algorithm_spec, i), {}) for i in range(cfg.rollout_num_workers)]
+        actor_args = [((cfg, algorithm_spec, r, w), {"with_reference": with_ref, "advantages_on_actor": on_actor})
+                      for r in range(w)]
+        # A kept cluster's pre-started workers (relax.runtime.worker_pool), when it has them.
+        self.pool_claim, why_not = claim_workers(cfg, {"rollout": len(rollout_args), "actor": w},
+                                                 worker_env_vars(cfg), gpus=bool(actor_gpus or rollout_gpus))
+        if why_not:
+            log(f"relax: the kept cluster's pre-started workers are not used: {why_not}")
+        if self.pool_claim is not None:
+            self.rollouts = self.pool_claim.setup("rollout", rollout_args)
+            self.actors = self.pool_claim.setup("actor", actor_args)
+            log(f"relax: {len(self.rollouts) + w} pre-started worker(s) from the kept cluster's pool")
+        else:
+            # Spawn every worker first: their processes start and import torch in parallel with the
+            # TransferQueue and Serve start-up below.
+            self.rollouts = [ray.remote(RolloutWorker).options(**opts, num_gpus=rollout_gpus).remote(*a, **k)
+                             for a, k in rollout_args]
+            self.actors = [ray.remote(ActorWorker).options(**opts, num_gpus=actor_gpus).remote(*a, **k)
+                           for a, k in actor_args]
         if R.CRITIC in self.layout:
             self.critic = ray.remote(CriticWorker).options(**opts).remote(cfg)
         workers = [*self.rollouts, *self.actors] + ([self.critic] if self.critic else [])
@@ -133,6 +143,8 @@ class Runtime:
         watch_components(transferqueue_components())
         quiet_transferqueue_client()
         self.startup_times["transferqueue_s"] = time.perf_counter() - t0
+        if self.pool_claim is not None:
+            get(self.pool_claim.setups, "start-up", timeout=STARTUP_TIMEOUT_S)
         nodes = get([x.attach.remote() for x in workers], "start-up", timeout=STARTUP_TIMEOUT_S)
         started = get(beats, "start-up", timeout=STARTUP_TIMEOUT_S)
         self.heartbeats.started([(pid, ip) for pid, ip, _ in started])
@@ -206,6 +218,8 @@ class Runtime:
                     ray.kill(handle)
         # A stopped or stuck worker on this machine cannot act on ray.kill: end its process here.
         kill_pids(self.heartbeats.silent_pids_on_this_machine())
+        if self.pool_claim is not None:
+            self.pool_claim.release()  # the pool boots replacements for the next run
         self.heartbeats.forget()
         if self.data_plane is not None and dead is None:
             # what the run left (matters when TransferQueue outlives the run), then its actors

@@ -36,6 +36,12 @@ def _runtime_env(config) -> dict:
     return {"env_vars": env, **hook}
 
 
+def worker_env_vars(config) -> dict:
+    """The environment variables the run's workers get (a pre-started worker is given them at
+    setup: relax.runtime.worker_pool)."""
+    return dict(_runtime_env(config)["env_vars"])
+
+
 RAY_ADDRESS_TIMEOUT_S = 5.0
 
 

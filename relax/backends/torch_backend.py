@@ -23,6 +23,7 @@ already a mean over the whole batch's worth of data (e.g. normalised by local co
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib.util
 import math
@@ -45,7 +46,7 @@ from relax.models.batch import (
     response_log_probs,
 )
 from relax.models.hf.adapter import hf_forward_logits
-from relax.models.packed_forward import packed_logits
+from relax.models.packed_forward import packed_attention, packed_logits
 from relax.models.value import response_values
 
 _LORA_DEFAULTS = {"lora_alpha": ("--lora-alpha", 16.0), "lora_dropout": ("--lora-dropout", 0.0),
@@ -270,12 +271,14 @@ class TorchBackend(TrainingBackend):
         self.optimizer.zero_grad(set_to_none=False)
         # Loss and metrics are shares of the mini-batch (PolicyLossOutput): both are summed.
         total_loss, sums = 0.0, {}
-        for rows, token_log_probs in self._micro_batches(batch, micro_batch_size, with_entropy=with_entropy):
-            out = loss_fn(token_log_probs, rows)
-            out.loss.backward()
-            total_loss += float(out.loss.detach())
-            for name, value in out.metrics.items():
-                sums[name] = sums.get(name, 0.0) + float(value)
+        # packed: the backward passes attend like the forward ones (recomputed activations)
+        with packed_attention(self.model) if self.max_tokens_per_micro_batch else contextlib.nullcontext():
+            for rows, token_log_probs in self._micro_batches(batch, micro_batch_size, with_entropy=with_entropy):
+                out = loss_fn(token_log_probs, rows)
+                out.loss.backward()
+                total_loss += float(out.loss.detach())
+                for name, value in out.metrics.items():
+                    sums[name] = sums.get(name, 0.0) + float(value)
         params = [p for p in self.model.parameters() if p.requires_grad]
         self._all_reduce_gradients(params)
         max_norm = self.clip_grad if self.clip_grad and self.clip_grad > 0 else math.inf

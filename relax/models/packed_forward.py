@@ -39,9 +39,8 @@ def packed_logits(model: nn.Module, packed: PackedRows) -> torch.Tensor:
         raise TypeError(
             f"--max-tokens-per-micro-batch packs samples for the built-in model and transformers models; "
             f"{type(model).__name__} is neither (drop the flag to train it on padded micro-batches)")
-    _register()
     bounds = tuple(int(x) for x in packed.cu_seqlens.tolist())
-    with _attention_implementation(model.config, PACKED_ATTENTION):
+    with packed_attention(model):
         out = model(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False,
                     logits_to_keep=packed.score_at, **{_BOUNDS_KWARG: bounds})
     return out.logits.reshape(-1, out.logits.shape[-1])
@@ -57,9 +56,17 @@ def block_causal_mask(cu_seqlens: torch.Tensor, length: int) -> torch.Tensor:
 
 
 @contextlib.contextmanager
-def _attention_implementation(config, name: str):
+def packed_attention(model: nn.Module):
+    """Within the block, a transformers ``model`` attends with ``relax_packed`` (nothing to do for the
+    built-in model). A training step holds it over its backward passes too: activation recomputation
+    (``--recompute-activations``) re-runs the layers' forward there and must attend the same way."""
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(config, "_attn_implementation") or hasattr(model, "blocks"):
+        yield
+        return
+    _register()
     previous = config._attn_implementation
-    config._attn_implementation = name
+    config._attn_implementation = PACKED_ATTENTION
     try:
         yield
     finally:

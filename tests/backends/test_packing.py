@@ -113,7 +113,7 @@ def _step(model_fn, batch, loss_fn, **backend_kw):
     model = model_fn()
     micro = backend_kw.pop("micro_batch_size", None)
     metrics = TorchBackend(model, lr=0.0, clip_grad=None, **backend_kw).train_step(batch, loss_fn, micro_batch_size=micro)
-    return {n: p.grad.clone() for n, p in model.named_parameters()}, metrics
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}, metrics
 
 
 def _assert_same_step(padded, packed):
@@ -265,3 +265,36 @@ def test_without_the_flag_the_padded_step_is_unchanged():
     for name, p in model.named_parameters():
         assert torch.equal(p.grad, grads[name]), name
     assert "micro_batches" not in metrics
+
+
+@pytest.mark.parametrize("variant", ["recompute", "lora"])
+def test_hf_recompute_and_lora_packed_steps_match_the_padded_step(variant):
+    """``--recompute-activations`` re-runs the layers in the backward pass (they must attend per sample
+    there too); ``--lora-rank`` wraps the model in peft (the packed kwargs pass through it)."""
+    from relax.backends.torch_backend import enable_recompute
+
+    def model_fn():
+        model = qwen2_model()
+        if variant == "recompute":
+            enable_recompute(model)
+            return model
+        pytest.importorskip("peft", reason="the lora extra (peft) is not installed")
+        from relax.models.hf.lora import wrap_with_lora
+
+        torch.manual_seed(1)
+        model = wrap_with_lora(model, rank=4, alpha=8.0, dropout=0.0, target_modules=("all-linear",))
+        with torch.no_grad():  # B = 0 at init: give the adapters a gradient on A too
+            for name, p in model.named_parameters():
+                if "lora_B" in name:
+                    p.normal_(0.0, 0.1)
+        return model
+
+    from relax.models.hf.adapter import hf_forward_logits
+
+    batch = make_batch()
+    old, adv = _old_and_advantages(batch)
+    loss_fn = _loss_fn(get_algorithm("grpo")(AlgorithmConfig()), batch, old, adv)
+    kw = {"forward_logits": hf_forward_logits}
+    padded = _step(model_fn, batch, loss_fn, micro_batch_size=4, **kw)
+    packed = _step(model_fn, batch, loss_fn, max_tokens_per_micro_batch=BUDGET, **kw)
+    _assert_same_step(padded, packed)

@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from relax.backends import optim
+from relax.backends import optim, token_budget
 from relax.backends.base import LossFn, TrainingBackend
 from relax.config.run import RunConfig
 from relax.models import packing
@@ -45,7 +45,6 @@ from relax.models.batch import (
     default_forward_logits,
     response_log_probs,
 )
-from relax.models.hf.adapter import hf_forward_logits
 from relax.models.packed_forward import packed_attention, packed_logits
 from relax.models.value import response_values
 
@@ -175,7 +174,7 @@ class TorchBackend(TrainingBackend):
         self.dp_grad_reduction = dp_grad_reduction
         self.forward_logits = forward_logits
         self.value_head = value_head
-        self.max_tokens_per_micro_batch = _checked_budget(max_tokens_per_micro_batch, value_head, forward_logits)
+        self.max_tokens_per_micro_batch = token_budget.checked_budget(max_tokens_per_micro_batch, value_head, forward_logits)
         self.last_pack_plan: packing.PackPlan | None = None  # the latest packed pass's grouping
         self.step = 0
 
@@ -244,7 +243,7 @@ class TorchBackend(TrainingBackend):
         finally:
             self.model.train(was_training)
         if self.max_tokens_per_micro_batch and len(batch):
-            return _in_row_order(parts, len(batch), with_entropy)
+            return token_budget.in_row_order(parts, len(batch), with_entropy)
         return TokenLogProbs(
             log_probs=torch.cat([x.log_probs for _, x in parts]),
             entropy=torch.cat([x.entropy for _, x in parts]) if with_entropy else None,
@@ -296,7 +295,7 @@ class TorchBackend(TrainingBackend):
         self.step += 1
         metrics = dict(sums)
         if self.max_tokens_per_micro_batch and len(batch):
-            metrics.update(_packing_metrics(self.last_pack_plan, batch))
+            metrics.update(token_budget.packing_metrics(self.last_pack_plan, batch))
         metrics.update(loss=total_loss, grad_norm=grad_norm, lr=self.optimizer.param_groups[0]["lr"],
                        optimizer_state_mib=optim.optimizer_state_bytes(self.optimizer) / 2**20)
         return metrics
@@ -368,37 +367,6 @@ def _slices(n: int, micro_batch_size: int | None) -> list[slice]:
     if micro_batch_size < 1:
         raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
     return [slice(i, min(i + micro_batch_size, n)) for i in range(0, n, micro_batch_size)]
-
-
-def _checked_budget(budget: int | None, value_head: bool, forward_logits: ForwardLogits) -> int | None:
-    if budget is None:
-        return None
-    if budget < 1:
-        raise ValueError(f"max_tokens_per_micro_batch (--max-tokens-per-micro-batch) must be >= 1, got {budget}")
-    if value_head:
-        raise ValueError("max_tokens_per_micro_batch packs the policy's passes; the critic trains on padded micro-batches")
-    if forward_logits not in (default_forward_logits, hf_forward_logits):
-        raise ValueError("max_tokens_per_micro_batch runs its own packed forward (relax.models.packed_forward); "
-                         "it cannot be combined with a custom forward_logits")
-    return budget
-
-
-def _in_row_order(parts: list, n: int, with_entropy: bool) -> TokenLogProbs:
-    """Packed micro-batches' ``(rows, TokenLogProbs)`` -> one ``[N, T]`` result in the batch's row order."""
-    log_probs = parts[0][1].log_probs.new_zeros((n, parts[0][1].log_probs.shape[1]))
-    entropy = torch.zeros_like(log_probs) if with_entropy else None
-    for rows, x in parts:
-        log_probs[rows] = x.log_probs
-        if with_entropy:
-            entropy[rows] = x.entropy
-    return TokenLogProbs(log_probs=log_probs, entropy=entropy)
-
-
-def _packing_metrics(plan: packing.PackPlan, batch: TokenBatch) -> dict[str, float]:
-    """Counts (they add up over data-parallel ranks): micro-batches run, tokens computed packed, and the
-    tokens the padded ``[N, P + T]`` layout of the same rows would have computed."""
-    return {"micro_batches": float(len(plan.groups)), "packed_tokens": float(plan.packed_tokens),
-            "padded_tokens": float(batch.input_ids.numel())}
 
 
 def _to_device(batch: TokenBatch, device: torch.device) -> TokenBatch:

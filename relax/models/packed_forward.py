@@ -19,6 +19,7 @@ every prompt and padding column.
 from __future__ import annotations
 
 import contextlib
+import itertools
 
 import torch
 from torch import nn
@@ -86,7 +87,7 @@ def _packed_attention(module, query, key, value, attention_mask, dropout: float 
         raise ValueError(
             "--max-tokens-per-micro-batch: this model has sliding-window attention layers, which packed "
             "per-sample attention does not implement; drop the flag to train on padded micro-batches")
-    sizes = [e - s for s, e in zip(bounds[:-1], bounds[1:])]
+    sizes = [e - s for s, e in itertools.pairwise(bounds)]
     parts = [
         sdpa_attention_forward(module, q, k, v, None, dropout=dropout, scaling=scaling, is_causal=True)[0]
         for q, k, v in zip(query.split(sizes, dim=2), key.split(sizes, dim=2), value.split(sizes, dim=2))

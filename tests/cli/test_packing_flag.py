@@ -16,7 +16,7 @@ def test_the_flag_reaches_the_config(cli):
 
 def test_megatron_and_bad_budgets_are_refused(cli, monkeypatch):
     monkeypatch.setattr(megatron_pkg, "megatron_installed", lambda: True)
-    code, out, err = cli("train", "--dry-run", "--backend", "megatron", "--max-tokens-per-micro-batch", 256)
+    code, _, err = cli("train", "--dry-run", "--backend", "megatron", "--max-tokens-per-micro-batch", 256)
     assert code == 2 and "--max-tokens-per-micro-batch is implemented for --backend torch only" in err
     code, _, err = cli("train", "--dry-run", "--max-tokens-per-micro-batch", 0)
     assert code == 2 and "--max-tokens-per-micro-batch" in err

@@ -70,11 +70,6 @@ class RunConfig:
         "(prompt + response) and each group runs as one padding-free packed row; a longer sample is a "
         "micro-batch of its own. Replaces --micro-batch-size for the policy's passes (default: off)",
         group="batch shape", check=POSITIVE_INT, metavar="N"))
-    max_tokens_per_micro_batch: int | None = attrs.field(default=None, metadata=flag(
-        "token budget of the policy's micro-batches (torch backend): samples are grouped by real token count "
-        "(prompt + response) and each group runs as one padding-free packed row; a longer sample is a "
-        "micro-batch of its own. Replaces --micro-batch-size for the policy's passes (default: off)",
-        group="batch shape", check=POSITIVE_INT, metavar="N"))
     # -- optimization --
     lr: float = attrs.field(default=3e-4, metadata=flag(
         "actor learning rate", group="optimization", check=POSITIVE))

@@ -61,6 +61,7 @@ class ActorCore:
             self.backend = self.backend_cls.for_policy(config, self.model)
         self.data_plane = data_plane
         self.advantages_service = None  # the Serve handle; rank 0 sends it the step's request
+        self.advantages_run: dict = {}  # {"run": prefix} on the kept cluster's shared deployment
         self.num_minibatches = num_minibatches(config)
         # What the rollout writes besides the tokens: its sampling log-probs when the loss corrects
         # for the behaviour policy or the engine's mismatch is logged, and each sample's policy
@@ -157,7 +158,7 @@ class ActorCore:
         if self.advantages_on_actor or self.rank != 0 or not plan.num_groups or self.advantages_service is None:
             return None
         return self.advantages_service.compute.remote(
-            step, plan.num_groups, plan.segment_sizes, with_values, with_kl, plan.uids
+            step, plan.num_groups, plan.segment_sizes, with_values, with_kl, plan.uids, **self.advantages_run
         )
 
     def _read_advantages(self, step: int, plan: StepPlan, shard: dict) -> None:
@@ -320,11 +321,13 @@ class ActorWorker(AttachesDataPlane, ActorCore):
             s.bind((ip, 0))
             return f"{ip}:{s.getsockname()[1]}"
 
-    def set_advantages_service(self, handle) -> bool:
+    def set_advantages_service(self, handle, run: str | None = None) -> bool:
+        """``run``: this run's name on a deployment that serves several (the kept cluster's)."""
         import logging
 
         logging.getLogger("ray.serve").setLevel(logging.WARNING)  # no INFO line per new router
         self.advantages_service = handle
+        self.advantages_run = {} if run is None else {"run": run}
         return True
 
     def _plan(self, rolls) -> StepPlan:

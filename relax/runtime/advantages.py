@@ -16,6 +16,7 @@ from relax.algorithms import AdvantageInputs, load_algorithm
 from relax.algorithms.types import check_advantages_output
 
 APP_NAME = "relax_advantages"
+KEPT_APP_PREFIX = "relax_advantages_kept_"  # + the relax code fingerprint (relax.runtime.worker_pool)
 
 
 class AdvantagesCore:
@@ -89,3 +90,39 @@ def make_deployment():
             return self.core.compute(step, num_groups, segment_sizes, with_values, with_kl, group_uids)
 
     return AdvantagesDeployment
+
+
+def make_kept_deployment():
+    """The kept cluster's advantages deployment (``relax cluster up``): one replica that serves every
+    run on the cluster, so a run does not wait for a replica process of its own. A run ``open``s its
+    algorithm (a built-in: a user's module would stay imported in the replica as it was at the first
+    run) and names itself (its data-plane prefix) in every call."""
+    from ray import serve
+
+    @serve.deployment(
+        name="advantages_kept",
+        ray_actor_options={"num_cpus": 0.25},
+        max_ongoing_requests=64,
+        graceful_shutdown_wait_loop_s=0.1,
+        graceful_shutdown_timeout_s=0.5,
+        health_check_period_s=10,
+    )
+    class KeptAdvantagesDeployment:
+        def __init__(self):
+            self.cores: dict[str, AdvantagesCore] = {}
+
+        def open(self, run_prefix: str, algorithm_spec: str, algorithm_config) -> bool:
+            from relax.runtime.data_plane import TransferQueueDataPlane
+
+            plane = TransferQueueDataPlane(run_prefix=run_prefix).attach()
+            self.cores[run_prefix] = AdvantagesCore(algorithm_spec, algorithm_config, plane)
+            return True
+
+        def close(self, run_prefix: str) -> bool:
+            return self.cores.pop(run_prefix, None) is not None
+
+        def compute(self, step, num_groups, segment_sizes, with_values, with_kl, group_uids=None, *,
+                    run: str) -> dict:
+            return self.cores[run].compute(step, num_groups, segment_sizes, with_values, with_kl, group_uids)
+
+    return KeptAdvantagesDeployment

@@ -15,6 +15,9 @@ from relax.backends.registry import get_backend
 from relax.runtime import roles as R
 from relax.runtime.console import log
 from relax.runtime.heartbeat import Heartbeats
+from relax.runtime.kept_advantages import close_run as close_kept_run
+from relax.runtime.kept_advantages import open_run as open_kept_run
+from relax.runtime.kept_advantages import shares_kept_app
 from relax.runtime.ray_session import (
     RUN_PREFIX_ENV,
     WORKER_CPUS,
@@ -66,6 +69,7 @@ class Runtime:
         self.actors: list = []
         self.critic = None
         self.adv_handle = None
+        self.adv_run = None  # this run's name on the kept cluster's shared advantages app
         self.reward_services = None  # --reward-model-path / --judge-model-path (relax.runtime.reward_services)
         self._serve_error = "unknown error"
         self.startup_times: dict[str, float] = {}
@@ -167,7 +171,8 @@ class Runtime:
                 raise WorkerDied(f"the advantages deployment failed to start: {self._serve_error}")
             self.startup_times["serve_ready_s"] = self._serve_ready - t0
             # rank 0 sends each step's request itself (see relax.runtime.pipeline)
-            get(self.actors[0].set_advantages_service.remote(self.adv_handle), "actor", timeout=STARTUP_TIMEOUT_S)
+            get(self.actors[0].set_advantages_service.remote(self.adv_handle, self.adv_run), "actor",
+                timeout=STARTUP_TIMEOUT_S)
         self.reward_services.connect(self.rollouts, STARTUP_TIMEOUT_S)  # one real call of each, then the workers
 
     def _deploy_advantages(self) -> None:
@@ -180,8 +185,14 @@ class Runtime:
         quiet = {"enable_access_log": False, "log_level": "WARNING"}
         try:
             serve.start(proxy_location="Disabled", logging_config=quiet)
-            # one app per run on a kept cluster (several runs may share its Serve)
             prefix = os.environ.get(RUN_PREFIX_ENV)
+            if self.pool_claim is not None and prefix and shares_kept_app(self.config.advantage_estimator):
+                # the kept cluster's shared app (relax.runtime.kept_advantages): no replica to start
+                self.adv_handle = open_kept_run(self.config.advantage_estimator, self.config.algorithm, prefix, quiet)
+                self.adv_run = prefix
+                self._serve_ready = time.perf_counter()
+                return
+            # one app per run on a kept cluster (several runs may share its Serve)
             name = f"{APP_NAME}_{prefix.rstrip('_')}" if prefix and self.config.ray_address else APP_NAME
             app = make_deployment().bind(self.config.advantage_estimator, self.config.algorithm, prefix)
             self.adv_handle = serve.run(app, name=name, route_prefix=None, logging_config=quiet)
@@ -210,6 +221,8 @@ class Runtime:
         # kills. On a cluster the run joined, only the run's app is deleted.
         if self.serve_app is not None and (not self.started_ray or self.config.ray_address):
             bounded(stop_serve, "stopping the advantages deployment")
+        if self.adv_run is not None:
+            bounded(lambda: close_kept_run(self.adv_handle, self.adv_run), "closing the run on the kept advantages app")
         if self.reward_services is not None and (not self.started_ray or self.config.ray_address):
             bounded(self.reward_services.stop, "stopping the reward services")
         for handle in [*self.rollouts, *self.actors, self.critic]:

@@ -38,8 +38,11 @@ PARTITION_PREFIX = "step_"
 # own partitions.
 
 
-def partition_name(step: int) -> str:
-    return f"{os.environ.get(RUN_PREFIX_ENV, '')}{PARTITION_PREFIX}{step}"
+def partition_name(step: int, run_prefix: str | None = None) -> str:
+    """``run_prefix``: a process serving several runs (the kept cluster's advantages replica) names
+    the run; every other process is one run's, whose prefix is in its environment."""
+    prefix = os.environ.get(RUN_PREFIX_ENV, "") if run_prefix is None else run_prefix
+    return f"{prefix}{PARTITION_PREFIX}{step}"
 
 
 def tq_config() -> dict:
@@ -140,8 +143,9 @@ class TransferQueueDataPlane:
     every other process calls ``attach()``.
     """
 
-    def __init__(self, read_timeout_s: float = 120.0):
+    def __init__(self, read_timeout_s: float = 120.0, run_prefix: str | None = None):
         self.read_timeout_s = read_timeout_s
+        self.run_prefix = run_prefix  # None: this process's run (RUN_PREFIX_ENV)
         self._client = None
         self._owner = False
 
@@ -217,7 +221,7 @@ class TransferQueueDataPlane:
         rows = len(uids)
         data = TensorDict({name: value[order] for name, value in fields.items()}, batch_size=[rows])
         meta = self.client.get_meta(
-            data_fields=list(fields), batch_size=rows, partition_id=partition_name(step), mode="insert"
+            data_fields=list(fields), batch_size=rows, partition_id=partition_name(step, self.run_prefix), mode="insert"
         )
         meta.update_custom_meta([{GROUP_UID: u, GROUP_SIZE: 1, SAMPLE_INDEX: i} for i, u in enumerate(uids)])
         self.client.put(data=data, metadata=meta)
@@ -249,7 +253,7 @@ class TransferQueueDataPlane:
             meta = self.client.get_meta(
                 data_fields=list(fields),
                 batch_size=num_groups,
-                partition_id=partition_name(step),
+                partition_id=partition_name(step, self.run_prefix),
                 mode="fetch",
                 task_name=task,
                 sampling_config=config,
@@ -259,14 +263,14 @@ class TransferQueueDataPlane:
             if time.monotonic() > deadline:
                 raise TimeoutError(
                     f"data plane: task {task!r} waited {self.read_timeout_s:.0f}s for {num_groups} groups "
-                    f"with fields {list(fields)} in partition {partition_name(step)}; a producer "
+                    f"with fields {list(fields)} in partition {partition_name(step, self.run_prefix)}; a producer "
                     "probably failed (see the worker logs above)"
                 )
             time.sleep(POLL_SLEEP_S[min(attempt, len(POLL_SLEEP_S) - 1)])
             attempt += 1
         if meta.size != num_groups:
             raise RuntimeError(
-                f"data plane: task {task!r} asked for {num_groups} groups of {partition_name(step)} "
+                f"data plane: task {task!r} asked for {num_groups} groups of {partition_name(step, self.run_prefix)} "
                 f"but the sampler returned {meta.size}"
             )
         data = self.client.get_data(meta)
@@ -286,10 +290,10 @@ class TransferQueueDataPlane:
 
     def clear(self, step: int) -> None:
         """Drop partition ``step_<step>`` (its samples, metadata and consumption state)."""
-        self.client.clear_partition(partition_name(step))
+        self.client.clear_partition(partition_name(step, self.run_prefix))
 
     def clear_steps(self) -> None:
         """Drop every step partition (a run stopped with steps in flight or not dropped yet)."""
         for name in self.client.get_partition_list():
-            if name.startswith(partition_name(0)[: -1]):  # this run's prefix
+            if name.startswith(partition_name(0, self.run_prefix)[: -1]):  # this run's prefix
                 self.client.clear_partition(name)

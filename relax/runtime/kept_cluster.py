@@ -3,9 +3,11 @@ run would otherwise start itself already up.
 
 ``up`` runs ``ray start --head`` (its own temp dir, so ``down`` stops exactly this cluster and not
 another Ray on the machine), then, as a short-lived driver, starts what outlives it as detached
-actors: TransferQueue's controller and storage unit (``TransferQueueKeeper``), Serve's controller,
-and the pool of pre-started workers (``relax.runtime.worker_pool``). ``relax train --ray-address
-ADDRESS`` then attaches to all of them; only the run's own Serve replica is new.
+actors: TransferQueue's controller and storage unit (``TransferQueueKeeper``), Serve's controller
+and the built-in methods' shared advantages app (``relax.runtime.kept_advantages``), and the pool of
+pre-started workers (``relax.runtime.worker_pool``). ``relax train --ray-address ADDRESS`` then
+attaches to all of them and starts no process of its own (a user's method still gets its own Serve
+replica; a critic, for PPO, its own worker).
 """
 
 from __future__ import annotations
@@ -99,8 +101,12 @@ def _start_kept_roles(address: str, spares: int) -> None:
         from ray import serve
 
         logging.getLogger("ray.serve").setLevel(logging.WARNING)
-        serve.start(proxy_location="Disabled", logging_config={"enable_access_log": False, "log_level": "WARNING"})
+        quiet = {"enable_access_log": False, "log_level": "WARNING"}
+        serve.start(proxy_location="Disabled", logging_config=quiet)
         if spares:
+            from relax.runtime import kept_advantages
+
+            kept_advantages.deploy(quiet)  # the built-in methods' shared advantages app
             start_pool(spares, WORKER_CPUS)
     finally:
         ray.shutdown()

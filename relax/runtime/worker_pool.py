@@ -43,12 +43,17 @@ def code_fingerprint() -> str:
     return digest.hexdigest()[:16]
 
 
-def _warm_imports() -> None:
-    """What every worker's ``__init__`` would import first (torch alone is ~1.3 s of CPU)."""
-    import torch  # noqa: F401
+def _warm_imports(kind: str) -> None:
+    """What the worker's ``__init__`` would import first (torch alone is ~1.3 s of CPU)."""
+    import torch
 
     import relax.models.tiny
     import relax.runtime.data_plane  # noqa: F401  (TransferQueue, without torch._dynamo)
+
+    if kind == "actor":
+        # torch.optim's Optimizer.__init__ imports torch._dynamo (1.3-2 s) on the first optimizer
+        # built: the actor rank's backend builds one, so its spare pays that here
+        torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.0)
 
 
 def _enter_run(run_env: dict) -> None:
@@ -63,11 +68,11 @@ def _enter_run(run_env: dict) -> None:
             os.chdir(run_env["cwd"])
 
 
-def _pooled(worker_cls: type) -> type:
+def _pooled(worker_cls: type, kind: str) -> type:
     """``worker_cls`` whose ``__init__`` only warms up; ``setup`` is the real ``__init__``."""
 
     def __init__(self):
-        _warm_imports()
+        _warm_imports(kind)
 
     def setup(self, run_env: dict, *args, **kwargs) -> bool:
         _enter_run(run_env)
@@ -82,10 +87,10 @@ def pooled_class(kind: str) -> type:
     if kind == "rollout":
         from relax.runtime.rollout_worker import RolloutWorker
 
-        return _pooled(RolloutWorker)
+        return _pooled(RolloutWorker, kind)
     from relax.runtime.actor_worker import ActorWorker
 
-    return _pooled(ActorWorker)
+    return _pooled(ActorWorker, kind)
 
 
 class WorkerPool:

@@ -49,6 +49,18 @@ def _answers(address: str, timeout: float = 2.0) -> bool:
     return True
 
 
+def _free_ports() -> list[str]:
+    """A free port for each of Ray's fixed defaults, so that another Ray on the machine (a local
+    ``ray.init``, a test session's cluster) does not make ``ray start`` fail."""
+    args = []
+    for flag in ("--ray-client-server-port", "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port",
+                 "--metrics-export-port", "--runtime-env-agent-port", "--node-manager-port", "--object-manager-port"):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            args += [flag, str(s.getsockname()[1])]
+    return args
+
+
 def _ray_bin() -> str:
     return str(Path(sys.executable).parent / "ray")
 
@@ -67,7 +79,7 @@ def up(temp_dir: str = DEFAULT_DIR, *, num_cpus: int = 8, spares: int = 1, port:
         raise ClusterError(f"something already listens at {address}; pick another --port")
     started = subprocess.run(
         [_ray_bin(), "start", "--head", "--port", str(port), "--num-cpus", str(num_cpus), "--temp-dir", temp_dir,
-         "--include-dashboard", "false", "--node-ip-address", node_ip, "--disable-usage-stats"],
+         "--include-dashboard", "false", "--node-ip-address", node_ip, "--disable-usage-stats", *_free_ports()],
         capture_output=True, text=True, timeout=300, check=False,
     )
     if started.returncode != 0:

@@ -1028,8 +1028,9 @@ def test_pre_flight_knows_the_model(refuse, hf_variants, argv, message):
 
 @pytest.mark.timeout(120)
 def test_a_good_hf_checkpoint_passes_the_model_checks(cli, ws, hf_variants):
-    code, _, err = cli("train", "--hf-checkpoint", "hf_good", "--lora-rank", "4", "--lora-target-modules", "q_proj",
-                       "v_proj", "--dry-run")
+    # prompts and a reward of the user's: the built-in task's reward reads only the tiny vocabulary
+    code, _, err = cli("train", "--hf-checkpoint", "hf_good", DATA, "good.jsonl", RM, f"{R}:good", "--lora-rank", "4",
+                       "--lora-target-modules", "q_proj", "v_proj", "--dry-run")
     assert code == 0, err
 
 

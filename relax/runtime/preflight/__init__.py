@@ -14,7 +14,9 @@ things the configuration points at, by reusing the code the workers will run:
 - ``--prompt-data`` and ``--eval-prompt-data``: every row is read, validated and tokenized (``relax.rollout.data.PromptDataset``:
   file and line numbers, UTF-8, Parquet integrity);
 - the reward function (``--custom-rm-path`` or the task's) is called on a few real prompts and its
-  values go through the run's own checks (``relax.rollout.rewards.reward_matrix``);
+  values go through the run's own checks (``relax.rollout.rewards.reward_matrix``); with
+  ``--hf-checkpoint`` a built-in task's reward is also called on the text of every token the model can
+  write (a task for the tiny model reads only its 17-token vocabulary: ``task_text``);
 - ``--reward-model-path`` / ``--judge-model-path`` / ``--judge-template``: checkpoints of the right kind
   and a template with its placeholders (``reward_services``);
 - ``--ray-address``: something answers at that address.
@@ -26,7 +28,7 @@ directory; ``run(config)`` runs it again only for a configuration this process h
 
 One module per kind of check: ``user_code`` (the method's constructor, reward hooks), ``outputs``
 (output directory, ``--load``), ``model`` (checkpoint directory, tokenizer), ``prompts``, ``rewards``
-(reward function, environment), ``reward_services`` and ``ray_address``; ``common`` holds ``PreflightError``.
+(reward function, environment), ``task_text``, ``reward_services`` and ``ray_address``; ``common`` holds ``PreflightError``.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from relax.runtime.preflight.prompts import check_eval_prompts, load_prompts
 from relax.runtime.preflight.ray_address import check_ray
 from relax.runtime.preflight.reward_services import check_reward_services
 from relax.runtime.preflight.rewards import check_env, check_reward, is_multi_turn
+from relax.runtime.preflight.task_text import check_task_reads_model_text
 from relax.runtime.preflight.user_code import check_algorithm, check_hooks
 
 
@@ -62,6 +65,7 @@ def preflight(config: RunConfig, algorithm) -> list[str]:
         check_env(config, prompts)
     else:
         check_reward(config, prompts)
+        check_task_reads_model_text(config, tokenizer, prompts)  # --hf-checkpoint on a tiny-vocabulary task
     check_reward_services(config)
     check_hooks(config)
     check_ray(config)

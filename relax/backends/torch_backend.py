@@ -45,7 +45,7 @@ from relax.models.batch import (
     default_forward_logits,
     response_log_probs,
 )
-from relax.models.packed_forward import packed_attention, packed_logits
+from relax.models.packed_forward import packed_attention, packed_log_probs
 from relax.models.value import response_values
 
 _LORA_DEFAULTS = {"lora_alpha": ("--lora-alpha", 16.0), "lora_dropout": ("--lora-dropout", 0.0),
@@ -205,12 +205,8 @@ class TorchBackend(TrainingBackend):
 
     def _forward_packed(self, batch: TokenBatch, rows: torch.Tensor, *, with_entropy: bool) -> TokenLogProbs:
         """``_forward`` of ``batch``'s ``rows`` as one padding-free packed row (``batch`` on the device)."""
-        packed = packing.PackedRows.build(batch, rows)
-        with self._autocast():
-            logits = packed_logits(self.model, packed)
-        log_probs, entropy = packing.response_log_probs_packed(logits, packed, with_entropy=with_entropy,
-                                                               temperature=self.temperature)
-        return TokenLogProbs(log_probs=log_probs, entropy=entropy)
+        return packed_log_probs(self.model, batch, rows, with_entropy=with_entropy, temperature=self.temperature,
+                                autocast=self._autocast)
 
     def _micro_batches(self, batch: TokenBatch, micro_batch_size: int | None, *, with_entropy: bool):
         """``(rows, TokenLogProbs)`` per micro-batch, each forward run when its item is reached (so a

@@ -24,7 +24,8 @@ import itertools
 import torch
 from torch import nn
 
-from relax.models.packing import PackedRows
+from relax.models.batch import TokenBatch, TokenLogProbs
+from relax.models.packing import PackedRows, response_log_probs_packed
 
 PACKED_ATTENTION = "relax_packed"
 _BOUNDS_KWARG = "relax_sample_bounds"
@@ -45,6 +46,18 @@ def packed_logits(model: nn.Module, packed: PackedRows) -> torch.Tensor:
         out = model(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False,
                     logits_to_keep=packed.score_at, **{_BOUNDS_KWARG: bounds})
     return out.logits.reshape(-1, out.logits.shape[-1])
+
+
+def packed_log_probs(model: nn.Module, batch: TokenBatch, rows: torch.Tensor, *, with_entropy: bool,
+                     temperature: float = 1.0, autocast=contextlib.nullcontext) -> TokenLogProbs:
+    """``[n, T]`` log-probs (and entropy) of ``batch``'s ``rows`` run as one padding-free packed row
+    (``batch`` on the model's device). ``autocast``: a context for the forward only (``--bf16``); the
+    log-softmax stays float32."""
+    packed = PackedRows.build(batch, rows)
+    with autocast():
+        logits = packed_logits(model, packed)
+    log_probs, entropy = response_log_probs_packed(logits, packed, with_entropy=with_entropy, temperature=temperature)
+    return TokenLogProbs(log_probs=log_probs, entropy=entropy)
 
 
 def block_causal_mask(cu_seqlens: torch.Tensor, length: int) -> torch.Tensor:

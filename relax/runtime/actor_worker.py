@@ -23,8 +23,8 @@ from relax.algorithms import AdvantageInputs, load_algorithm, numerics
 from relax.algorithms.types import check_advantages_output
 from relax.backends.registry import get_backend
 from relax.config.run import num_minibatches
-from relax.models.batch import TokenBatch, response_log_probs
-from relax.models.factory import build_policy_model, build_reference_model, forward_logits_fn
+from relax.models.batch import TokenBatch
+from relax.models.factory import build_policy_model, build_reference_model
 from relax.rollout.engines import carries_behaviour_log_probs
 from relax.rollout.environments import is_multi_turn
 from relax.runtime.actor_metrics import (
@@ -35,6 +35,7 @@ from relax.runtime.actor_metrics import (
 )
 from relax.runtime.fields import ATTENTION_FIELD, BATCH_FIELDS, AttachesDataPlane, token_batch
 from relax.runtime.losses import policy_loss_fn, zero_loss
+from relax.runtime.reference_pass import reference_log_probs
 from relax.runtime.rollouts import plan_from_rollouts
 from relax.runtime.schedule import StepPlan, segment_slices, staleness_metrics
 from relax.runtime.weight_sync import ObjectStoreSync
@@ -121,20 +122,8 @@ class ActorCore:
             old = self.backend.compute_log_probs(batch, micro_batch_size=mb, with_entropy=True)
             shard["old_log_probs"], shard["old_entropy"] = old.log_probs, old.entropy
             if self.reference is not None:
-                shard["ref_log_probs"] = self._reference_log_probs(batch)
+                shard["ref_log_probs"] = reference_log_probs(self.reference, batch, self.config)
         return shard
-
-    @torch.no_grad()
-    def _reference_log_probs(self, batch: TokenBatch) -> torch.Tensor:
-        forward = forward_logits_fn(self.config)
-        size = self.config.micro_batch_size or len(batch)
-        parts = []
-        for start in range(0, len(batch), size):
-            sub = batch.select(slice(start, start + size))
-            logits = forward(self.reference, sub.input_ids, sub.attention_mask, sub.position_ids)
-            parts.append(response_log_probs(logits, sub, with_entropy=False,
-                                            temperature=self.config.rollout_temperature).log_probs)
-        return torch.cat(parts)
 
     def _kl(self, shard: dict) -> torch.Tensor:
         """The reward-side per-token KL to the reference (estimator: ``--kl-loss-type``), zero outside

@@ -14,6 +14,7 @@ import time
 import torch
 
 from relax.algorithms import PolicyLossOutput, numerics
+from relax.backends import token_budget
 from relax.backends.registry import get_critic_backend
 from relax.config.run import num_minibatches
 from relax.models.factory import build_policy_model
@@ -39,7 +40,9 @@ class CriticCore:
         read = self.data_plane.read(step, batch_fields(is_multi_turn(self.config)), "critic", plan.num_groups,
                                     plan.uids)
         batch = token_batch(read.fields)
-        values = self.backend.compute_values(batch)
+        # --max-tokens-per-micro-batch: padded micro-batches of at most that many tokens (else the whole step)
+        budget_rows = token_budget.padded_rows_within(self.config.max_tokens_per_micro_batch, batch)
+        values = self.backend.compute_values(batch, micro_batch_size=budget_rows)
         self.data_plane.add_fields(read, {"values": values})
         self._cache = {"step": step, "batch": batch, "values": values}
         return {"time/critic/values_s": time.perf_counter() - t0}

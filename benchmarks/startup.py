@@ -5,7 +5,10 @@
   dir, ``relax cluster down`` at the end): Ray, Serve's controller, TransferQueue, the shared
   advantages app and ``--spare-workers`` pre-started workers of each kind are up before the first
   run; each run takes pre-started workers, and the pool boots replacements after it (``--pause``
-  between runs leaves them the time to).
+  between runs leaves them the time to);
+- **in_process:** ``relax train --num-rollout 3 --in-process``: the one rollout worker and the one
+  actor rank in the driver's process, without Ray, TransferQueue or Serve (its phases are the
+  workers' construction, ``rollout0_init_s``, ``actor0_init_s``, ``workers_ready_s``).
 
 Each run's own ``relax: start-up ...`` line is parsed: the total (from ``run()`` to step 1) and the
 phases (seconds since the runtime's start-up began at which each part was ready: ``ray_s``,
@@ -13,8 +16,8 @@ phases (seconds since the runtime's start-up began at which each part was ready:
 ended, e.g. ``rollout0_init_s``). The process's wall time and the load average are reported too: on a
 shared machine read the numbers relative to each other (same invocation), not as absolutes.
 
-    python benchmarks/startup.py [--cold 2] [--warm 3] [--spare-workers 1] [--pause 10]
-    python benchmarks/startup.py --smoke    # one cold run and one warm run, for the test suite
+    python benchmarks/startup.py [--cold 2] [--warm 3] [--in-process 2] [--spare-workers 1] [--pause 10]
+    python benchmarks/startup.py --smoke    # one cold, one warm and one in-process run, for the test suite
 
 The last line of stdout is JSON.
 """
@@ -80,13 +83,17 @@ def main(argv: list[str] | None = None) -> dict:
                         help="the kept cluster's pre-started workers of each kind (0: Ray, Serve and TQ kept only)")
     parser.add_argument("--pause", type=float, default=10.0,
                         help="seconds between warm runs (the pool boots the next run's workers meanwhile)")
-    parser.add_argument("--smoke", action="store_true", help="one cold and one warm run")
+    parser.add_argument("--in-process", type=int, default=2, help="runs with relax train --in-process (no Ray)")
+    parser.add_argument("--smoke", action="store_true", help="one cold, one warm and one in-process run")
     args = parser.parse_args(argv)
-    cold_n, warm_n = (1, 1) if args.smoke else (args.cold, args.warm)
+    cold_n, warm_n, local_n = (1, 1, 1) if args.smoke else (args.cold, args.warm, args.in_process)
     work = Path(tempfile.mkdtemp(prefix="relax_startup_"))
     ray_tmp = tempfile.mkdtemp(prefix="rs_", dir="/tmp")  # short: unix socket paths are limited
-    result = {"cold": [], "warm": []}
+    result = {"cold": [], "warm": [], "in_process": []}
     try:
+        for i in range(local_n):
+            result["in_process"].append(_train(work, f"local{i}", _env(ray_tmp), "--in-process"))
+            print(f"in_process {i}: {json.dumps(result['in_process'][-1])}", file=sys.stderr)
         for i in range(cold_n):
             result["cold"].append(_train(work, f"cold{i}", _env(ray_tmp)))
             print(f"cold {i}: {json.dumps(result['cold'][-1])}", file=sys.stderr)

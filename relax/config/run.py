@@ -239,6 +239,11 @@ class RunConfig:
     # -- placement / backends --
     ray_address: str | None = attrs.field(default=None, metadata=flag(
         "Ray cluster to join (default: start a local one)", group="placement and backends"))
+    in_process: bool = attrs.field(default=False, metadata=flag(
+        "run the one rollout worker and the one actor rank in this process, without Ray, TransferQueue or "
+        "Serve (CPU, the synchronous schedule; starts in a few seconds and gives the numbers of the Ray "
+        "runtime); refuses what needs Ray: more workers, --ray-address, GPUs, megatron, --fully-async, a "
+        "critic, reward services", group="placement and backends"))
     ray_working_dir: str | None = attrs.field(default=None, metadata=flag(
         "ship this directory to every Ray worker as its working directory (at most 100 MiB without .git, "
         "__pycache__, the output directory and Ray's temp dir); by default a run that joins a cluster ships only "

@@ -29,6 +29,7 @@ from relax.runtime import roles as R
 from relax.runtime.actor_metrics import STEP_METRICS_KEY, combine_actor_metrics
 from relax.runtime.actor_worker import ActorCore
 from relax.runtime.advantages import AdvantagesCore
+from relax.runtime.local_handles import InProcessAdvantages
 from relax.runtime.memory_plane import MemoryDataPlane
 from relax.runtime.rollout_worker import RolloutCore
 from relax.runtime.rollouts import plan_from_rollouts, rollout_metrics
@@ -40,28 +41,6 @@ class SingleProcessResult:
     rows: list[dict]  # one metrics row per step, the keys `relax train` writes to metrics.jsonl
     weights: dict[str, torch.Tensor]  # the policy after the last step (the backend's export)
     seconds: float
-
-
-class _Finished:
-    """A finished call, answering ``result()`` like the Serve response the actor rank waits on."""
-
-    def __init__(self, value):
-        self._value = value
-
-    def result(self):
-        return self._value
-
-
-class _InProcessAdvantages:
-    """The advantages deployment's interface (``compute.remote(...).result()``) on an
-    ``AdvantagesCore`` in this process: the actor rank calls it exactly as it calls Serve."""
-
-    def __init__(self, core: AdvantagesCore):
-        self.compute = self  # ``handle.compute.remote(...)``
-        self._core = core
-
-    def remote(self, *args):
-        return _Finished(self._core.compute(*args))
 
 
 def _refusals(config, layout) -> list[str]:
@@ -94,7 +73,7 @@ def train_single_process(config, on_step: Callable[[dict], None] | None = None) 
         actor = ActorCore(config, spec, with_reference=R.REFERENCE in layout, advantages_on_actor=on_actor,
                           data_plane=plane)
         if not on_actor:
-            actor.advantages_service = _InProcessAdvantages(AdvantagesCore(spec, config.algorithm, plane))
+            actor.advantages_service = InProcessAdvantages(AdvantagesCore(spec, config.algorithm, plane))
         with_kl = R.REFERENCE in layout and config.algorithm.kl_in_reward
         algorithm = algorithm_cls(config.algorithm)  # the driver's copy, for the rollout metrics
         minibatches = num_minibatches(config)

@@ -302,14 +302,16 @@ def prune_checkpoints(out: Path, keep: int) -> list[Path]:
 
 def restore_checkpoint(runtime, state: dict) -> None:
     """Load ``state`` into the live roles (the rollout also takes the actor's weights)."""
-    import ray
-
     from relax.runtime.weight_sync import ObjectStoreSync
 
     refs = [a.load_state_dict.remote(state["actor"]) for a in runtime.actors]
     # The rollout engines take the saved weights through the weight route, as after a training step:
-    # one handle in the object store, which every rollout worker receives.
-    weights = ray.put(ObjectStoreSync().from_checkpoint(runtime.backend_cls, state["actor"]["backend"]))
+    # one handle in the object store, which every rollout worker receives (--in-process: the handle itself).
+    weights = ObjectStoreSync().from_checkpoint(runtime.backend_cls, state["actor"]["backend"])
+    if not runtime.config.in_process:
+        import ray
+
+        weights = ray.put(weights)
     refs += [w.load_state_dict.remote(r, weights) for w, r in zip(runtime.rollouts, rollout_states(state))]
     if runtime.critic is not None:
         refs.append(runtime.critic.load_state_dict.remote(state["critic"]))

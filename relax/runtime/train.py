@@ -31,6 +31,7 @@ from relax.runtime.cluster import Runtime
 from relax.runtime.console import log
 from relax.runtime.entry import entry_config
 from relax.runtime.evaluation import Evaluation
+from relax.runtime.local_runtime import LocalRuntime
 from relax.runtime.metrics import MetricsLog, progress_line, summary_table
 from relax.runtime.pipeline import Pipeline
 from relax.runtime.preflight import preflight_once, was_checked
@@ -162,7 +163,8 @@ def run(config) -> RunSummary:
             rates = warmup_base_rates(TASK_CHECKPOINTS.get(config.task))  # the task's own tiny model
             log("relax: warm-up base rates: " + ", ".join(f"{k} {v:.3f}" for k, v in rates.items()))
 
-    runtime = Runtime(config, algorithm_cls, layout)
+    # --in-process: the same roles in this process, without Ray (relax.runtime.local_runtime)
+    runtime = (LocalRuntime if config.in_process else Runtime)(config, algorithm_cls, layout)
     last_ckpt = None
     saved_step = None
     pipeline = None

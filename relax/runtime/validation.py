@@ -27,6 +27,7 @@ from relax.config.run import RunConfig
 from relax.runtime.batch_shape import batch_shape, check_batch
 from relax.runtime.engine_rules import check_async, check_backend, check_logging, check_rollout_engine
 from relax.runtime.eval_rules import check_evaluation
+from relax.runtime.in_process_rules import check_in_process
 from relax.runtime.method_rules import (
     check_field_rules,
     check_kl,
@@ -86,6 +87,7 @@ RULES = (
     check_batch,
     check_backend,
     check_async,
+    check_in_process,  # --in-process: what needs Ray is refused (relax.runtime.in_process_rules)
     check_logging,
     check_rollout_engine,
     check_evaluation,  # --eval-* (relax.runtime.eval_rules)

@@ -10,6 +10,7 @@ import threading
 import time
 
 from relax.runtime.console import log
+from relax.runtime.local_handles import is_local, resolve
 
 
 class WorkerDied(RuntimeError):
@@ -176,6 +177,8 @@ def get(refs, what: str, timeout: float | None = None, progress=None):
     """``ray.get`` that turns a dead worker, a silent one, a step past its ``progress`` deadline
     (``Patience.deadline()``) or a dead watched component (TransferQueue) into one clear error
     naming it."""
+    if is_local(refs) or (isinstance(refs, (list, tuple)) and not refs):
+        return _get_local(refs, what)  # --in-process (relax.runtime.local_handles); no Ray
     import ray
     from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
@@ -201,6 +204,15 @@ def get(refs, what: str, timeout: float | None = None, progress=None):
             f"the {what} worker did not answer within {timeout:.0f}s (not enough Ray CPUs for every worker, or "
             "stuck); check `ray status`"
         ) from exc
+
+
+def _get_local(refs, what: str):
+    """``get`` on the references of ``--in-process`` calls: run them here; a failure is reported as the
+    Ray path reports a failed worker call (the original exception stays the cause)."""
+    try:
+        return resolve(refs)
+    except Exception as exc:
+        raise WorkerDied(f"the {what} worker failed: {type(exc).__name__}: {exc}") from exc
 
 
 class BackgroundCall:

@@ -78,11 +78,13 @@ def test_packing(monkeypatch):
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_startup(monkeypatch):
-    result = smoke("startup", monkeypatch)  # one cold run, one on a kept `relax cluster up` cluster
+    result = smoke("startup", monkeypatch)  # one cold run, one on a kept `relax cluster up` cluster, one in-process
     assert len(result["cold"]) == 1 and len(result["warm"]) == 1
     for run in result["cold"] + result["warm"]:
         assert run["startup_s"] > 0 and {"ray_s", "transferqueue_s", "workers_ready_s"} <= set(run["phases"])
     assert not result["cold"][0]["pre_started_workers"] and result["warm"][0]["pre_started_workers"]
+    (local,) = result["in_process"]  # relax train --in-process: no Ray, TransferQueue or Serve phase
+    assert local["startup_s"] > 0 and "workers_ready_s" in local["phases"] and "ray_s" not in local["phases"]
 
 
 @pytest.mark.megatron

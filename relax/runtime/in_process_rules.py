@@ -1,0 +1,53 @@
+"""The configuration rule of ``--in-process`` (``relax.runtime.local_runtime``): the run's one rollout
+worker and one actor rank run in the driver's process, on CPU, in the synchronous schedule. What needs
+Ray (several workers, a cluster to join, GPUs, Megatron, vLLM, the asynchronous schedule, a critic
+worker, the Serve reward services) is refused before anything starts, naming the flag; never a silent
+fall back to the Ray runtime.
+
+The rule is ``rule(config, algorithm, who, errors, warnings)``, run by ``relax.runtime.validation``.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from relax.config.run import RunConfig
+
+FIX = "drop --in-process to run it on Ray"
+
+
+def _needs_ray(config, algorithm) -> list[str]:
+    reasons = []
+    if config.rollout_num_workers > 1:
+        reasons.append(f"--rollout-num-workers {config.rollout_num_workers} (in-process runs one rollout worker)")
+    if config.actor_num_workers > 1:
+        reasons.append(f"--actor-num-workers {config.actor_num_workers} (in-process runs one actor rank)")
+    if config.ray_address:
+        reasons.append(f"--ray-address {config.ray_address} (in-process starts no Ray and joins no cluster)")
+    default_backend = attrs.fields(RunConfig).backend.default
+    if config.backend != default_backend:  # e.g. Megatron: torch.distributed and its parallel state per process
+        reasons.append(f"--backend {config.backend} (in-process runs the {default_backend} backend; the others set "
+                       "up process-wide state that belongs in a worker process)")
+    if config.rollout_engine == "vllm":
+        reasons.append("--rollout-engine vllm (in-process runs on CPU)")
+    if config.fully_async:
+        reasons.append("--fully-async (in-process runs the synchronous schedule: one call after the other)")
+    if algorithm.needs_critic:
+        reasons.append(f"--advantage-estimator {config.advantage_estimator} (it needs a critic worker)")
+    for flag, value in (("--reward-model-path", config.reward_model_path),
+                        ("--judge-model-path", config.judge_model_path)):
+        if value:
+            reasons.append(f"{flag} {value} (the reward services run on Ray Serve)")
+    return reasons
+
+
+def check_in_process(config, algorithm, who, errors, warnings):
+    if not config.in_process:
+        return
+    for reason in _needs_ray(config, algorithm):
+        errors.append(f"--in-process cannot run {reason}; {FIX}")
+    import torch
+
+    if torch.cuda.is_available():
+        errors.append("--in-process runs on CPU, but this machine shows CUDA GPUs (the models would move to "
+                      f"them); hide them with CUDA_VISIBLE_DEVICES= or {FIX}")

@@ -1,0 +1,122 @@
+"""``relax train --in-process`` (relax.runtime.local_runtime): the driver's own loop with the roles in
+its process gives exactly the Ray path's numbers — every metric of every step, the held-out
+evaluations and the final weights — resumes from its checkpoints as the Ray path does, and refuses,
+naming the flag, what only Ray runs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import attrs
+import pytest
+
+from relax.algorithms import load_algorithm
+from relax.config.algorithm import AlgorithmConfig
+from relax.config.run import RunConfig
+from relax.rollout.tasks import get_task
+from relax.runtime.checkpoints import checkpoint_path
+from relax.runtime.train import run
+from relax.runtime.validation import ConfigError, validate
+from tests.runtime.run_results import assert_same_weights, checkpoint_weights, metrics_rows
+
+TIMED_PREFIXES = ("time/", "perf/")  # wall-time measurements
+BIN = Path(sys.executable).parent
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
+
+
+def _config(out, **kw) -> RunConfig:
+    settings = {"advantage_estimator": "grpo", "rollout_batch_size": 6, "num_steps_per_rollout": 2,
+                "num_rollout": 3, "seed": 5, "eval_interval": 2, "progress": False, "output_dir": str(out), **kw}
+    algorithm = AlgorithmConfig(reward_keys=get_task("addition").reward_keys, n_samples_per_prompt=4)
+    return RunConfig(algorithm=algorithm, **settings)
+
+
+def _untimed(row: dict) -> dict:
+    return {k: v for k, v in row.items() if not k.startswith(TIMED_PREFIXES) and not k.endswith("tokens_per_s")}
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_in_process_gives_the_ray_paths_numbers(ray_cluster, tmp_path):
+    config = _config(tmp_path / "ray")
+    run(config)
+    local = run(attrs.evolve(config, in_process=True, output_dir=str(tmp_path / "local")))
+
+    ray_rows, local_rows = metrics_rows(tmp_path / "ray"), metrics_rows(tmp_path / "local")
+    assert [r["step"] for r in local_rows] == [0, 1, 2, 3]  # the evaluation before training, then 3 steps
+    assert "eval/pass@1" in local_rows[0] and "eval/pass@1" in local_rows[2]  # --eval-interval 2 ran
+    assert [_untimed(r) for r in local_rows] == [_untimed(r) for r in ray_rows]  # every metric, exactly
+    assert any(r.get("actor/grad_norm", 0.0) > 0 for r in local_rows)  # the steps really trained
+    assert local.checkpoint == str(checkpoint_path(tmp_path / "local", 3))
+    assert_same_weights(checkpoint_weights(tmp_path / "local", 3), checkpoint_weights(tmp_path / "ray", 3))
+
+
+def test_in_process_resume_continues_the_run_exactly(tmp_path):
+    # gdpo with its advantages on the in-process deployment body; a checkpoint at step 2 of 4
+    whole = _config(tmp_path / "whole", advantage_estimator="gdpo", num_rollout=4, save_interval=2, in_process=True)
+    run(whole)
+    resumed = attrs.evolve(whole, output_dir=str(tmp_path / "resumed"), load=str(checkpoint_path(tmp_path / "whole", 2).parent))
+    summary = run(resumed)
+    assert summary.steps_run == 2 and summary.last_step == 4
+    rows = {r["step"]: _untimed(r) for r in metrics_rows(tmp_path / "whole")}
+    again = {r["step"]: _untimed(r) for r in metrics_rows(tmp_path / "resumed")}
+    assert again == rows  # steps 3 and 4 as the uninterrupted run's (and the copied rows before them)
+    assert summary.eval_before == {k: v for k, v in rows[0].items() if k.startswith("eval/")}
+    assert_same_weights(checkpoint_weights(tmp_path / "resumed", 4), checkpoint_weights(tmp_path / "whole", 4))
+
+
+def _relax(*args, cwd) -> subprocess.CompletedProcess:
+    return subprocess.run([str(BIN / "relax"), "train", *args], cwd=cwd, env=ENV, capture_output=True, text=True,
+                          timeout=300, check=False)
+
+
+def test_relax_train_in_process_starts_no_ray(tmp_path):
+    done = _relax("--num-rollout", "2", "--in-process", "--no-progress", "--output-dir", "out", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "relax: in-process: 1 rollout worker and 1 actor rank" in done.stderr
+    assert "relax: start-up " in done.stderr and "workers_ready_s" in done.stderr
+    assert "ray_s" not in done.stderr and "transferqueue_s" not in done.stderr  # no Ray, no TransferQueue
+    assert [r["step"] for r in metrics_rows(tmp_path / "out") if r["step"] > 0] == [1, 2]
+    assert (tmp_path / "out" / "checkpoints").is_dir()
+
+
+def test_relax_train_in_process_refuses_what_needs_ray_before_it_starts(tmp_path):
+    done = _relax("--in-process", "--rollout-num-workers", "2", "--actor-num-workers", "2", "--fully-async",
+                  "--ray-address", "auto", "--output-dir", "out", cwd=tmp_path)
+    assert done.returncode == 2, done.stderr[-3000:]
+    for reason in ("--rollout-num-workers 2", "--actor-num-workers 2", "--fully-async", "--ray-address auto"):
+        assert f"--in-process cannot run {reason}" in done.stderr
+    assert "drop --in-process to run it on Ray" in done.stderr
+    assert not (tmp_path / "out" / "metrics.jsonl").exists()
+
+
+@pytest.mark.parametrize(("changes", "named"), [
+    ({"advantage_estimator": "ppo"}, "--advantage-estimator ppo (it needs a critic worker)"),
+    ({"reward_model_path": "rm"}, "--reward-model-path rm (the reward services run on Ray Serve)"),
+    ({"judge_model_path": "judge"}, "--judge-model-path judge"),
+    ({"backend": "megatron"}, "--backend megatron"),
+    ({"rollout_engine": "vllm"}, "--rollout-engine vllm"),
+])
+def test_in_process_refusals_name_the_flag(tmp_path, changes, named):
+    from relax.runtime.in_process_rules import check_in_process
+
+    config = attrs.evolve(_config(tmp_path), in_process=True, **changes)
+    errors: list[str] = []
+    check_in_process(config, load_algorithm(config.advantage_estimator), "", errors, [])
+    assert any(named in e and e.startswith("--in-process cannot run") for e in errors), errors
+    errors = []
+    check_in_process(attrs.evolve(config, in_process=False), load_algorithm(config.advantage_estimator), "",
+                     errors, [])
+    assert errors == []  # the Ray path is not touched by the rule
+
+
+def test_in_process_refuses_a_machine_with_cuda(tmp_path, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.raises(ConfigError, match="--in-process runs on CPU.*CUDA_VISIBLE_DEVICES="):
+        validate(_config(tmp_path, in_process=True), load_algorithm("grpo"))

@@ -29,7 +29,7 @@ def _needs_ray(config, algorithm) -> list[str]:
         reasons.append(f"--backend {config.backend} (in-process runs the {default_backend} backend; the others set "
                        "up process-wide state that belongs in a worker process)")
     if config.rollout_engine == "vllm":
-        reasons.append("--rollout-engine vllm (in-process runs on CPU)")
+        reasons.append("--rollout-engine vllm (in-process runs the tiny and hf engines only; vLLM is not tried there)")
     if config.fully_async:
         reasons.append("--fully-async (in-process runs the synchronous schedule: one call after the other)")
     if algorithm.needs_critic:

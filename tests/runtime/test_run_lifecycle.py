@@ -193,10 +193,23 @@ def test_a_reward_call_over_reward_timeout_stops_the_run(tmp_path):
     assert not (tmp_path / "run" / "checkpoints").exists()  # nothing trained, nothing saved
 
 
+# The run's own cluster, found by its raylet's temp dir: `ray.init(address="auto")` joins *any* Ray
+# on the machine when no `ray start` wrote an address (ray.init's local clusters never do), and once
+# killed the test session's shared TransferQueue controller instead of the run's.
 KILL_CONTROLLER = textwrap.dedent(
     """
-    import ray
-    ray.init(address="auto", logging_level="ERROR")
+    import os, ray
+    tmp = os.path.join(os.environ["RAY_TMPDIR"], "ray")
+    address = None
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            args = open(f"/proc/{pid}/cmdline", "rb").read().decode().split(chr(0))
+        except OSError:
+            continue
+        if any(a.endswith("raylet/raylet") for a in args) and f"--temp_dir={tmp}" in args:
+            address = next(a.split("=", 1)[1] for a in args if a.startswith("--gcs-address="))
+    assert address, f"no raylet with --temp_dir={tmp}"
+    ray.init(address=address, logging_level="ERROR")
     ray.kill(ray.get_actor("TransferQueueController", namespace="transfer_queue"))
     """
 )

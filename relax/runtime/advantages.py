@@ -17,6 +17,10 @@ from relax.algorithms.types import check_advantages_output
 
 APP_NAME = "relax_advantages"
 KEPT_APP_PREFIX = "relax_advantages_kept_"  # + the relax code fingerprint (relax.runtime.worker_pool)
+# both deployments': a fractional CPU, room for queued steps, a fast graceful shutdown
+DEPLOYMENT_OPTIONS = {"ray_actor_options": {"num_cpus": 0.25}, "max_ongoing_requests": 64,
+                      "graceful_shutdown_wait_loop_s": 0.1, "graceful_shutdown_timeout_s": 0.5,
+                      "health_check_period_s": 10}
 
 
 class AdvantagesCore:
@@ -60,14 +64,7 @@ def make_deployment():
     """The Serve deployment class (built lazily so importing this module does not import Serve)."""
     from ray import serve
 
-    @serve.deployment(
-        name="advantages",
-        ray_actor_options={"num_cpus": 0.25},
-        max_ongoing_requests=64,
-        graceful_shutdown_wait_loop_s=0.1,
-        graceful_shutdown_timeout_s=0.5,
-        health_check_period_s=10,
-    )
+    @serve.deployment(name="advantages", **DEPLOYMENT_OPTIONS)
     class AdvantagesDeployment:
         def __init__(self, algorithm_spec: str, algorithm_config, run_prefix: str | None = None):
             if run_prefix is not None:
@@ -99,14 +96,7 @@ def make_kept_deployment():
     run) and names itself (its data-plane prefix) in every call."""
     from ray import serve
 
-    @serve.deployment(
-        name="advantages_kept",
-        ray_actor_options={"num_cpus": 0.25},
-        max_ongoing_requests=64,
-        graceful_shutdown_wait_loop_s=0.1,
-        graceful_shutdown_timeout_s=0.5,
-        health_check_period_s=10,
-    )
+    @serve.deployment(name="advantages_kept", **DEPLOYMENT_OPTIONS)
     class KeptAdvantagesDeployment:
         def __init__(self):
             self.cores: dict[str, AdvantagesCore] = {}

@@ -119,18 +119,30 @@ def user_module(tmp_path_factory):
 TASK_KEYS = ("correct", "format")
 
 
-@pytest.fixture(autouse=True)
-def fixed_task_keys(monkeypatch):
-    """The built-in task's reward keys, fixed so these tests do not depend on the task module."""
-    monkeypatch.setattr("relax.cli.build.default_reward_keys", lambda task: TASK_KEYS)
+REAL_PREFLIGHT = "real_preflight"  # a module marked so tests pre-flight with the real built-in task
+
+
+def _real_preflight(request) -> bool:
+    return request.node.get_closest_marker(REAL_PREFLIGHT) is not None
 
 
 @pytest.fixture(autouse=True)
-def preflight_off(monkeypatch):
+def fixed_task_keys(monkeypatch, request):
+    """The built-in task's reward keys, fixed so these tests do not depend on the task module
+    (except under ``pytest.mark.real_preflight``: the real task, its reward function called)."""
+    if not _real_preflight(request):
+        monkeypatch.setattr("relax.cli.build.default_reward_keys", lambda task: TASK_KEYS)
+
+
+@pytest.fixture(autouse=True)
+def preflight_off(monkeypatch, request):
     """These tests exercise parsing and validation on configurations whose data, reward function
     and output directory are not real; pre-flight (relax.runtime.preflight) has its own tests
-    (tests/cli/test_bad_inputs.py, which overrides this fixture). Off for ``relax train`` and for
-    ``run(config)`` (which runs it on a configuration ``relax train`` has not checked)."""
+    (the modules marked ``pytest.mark.real_preflight``, e.g. tests/cli/test_bad_inputs.py). Off for
+    ``relax train`` and for ``run(config)`` (which runs it on a configuration ``relax train`` has
+    not checked)."""
+    if _real_preflight(request):
+        return
     monkeypatch.setattr("relax.cli.main.preflight", lambda config, algorithm: [])
     monkeypatch.setattr("relax.runtime.train.preflight_once", lambda config, algorithm: [])
 

@@ -28,6 +28,8 @@ from relax.config.algorithm import AlgorithmConfig
 from relax.cli.config_file import write_effective_config
 from relax.config.run import RunConfig
 
+pytestmark = pytest.mark.real_preflight  # pre-flight is what these test (tests/cli/conftest.py)
+
 REWARDS_MODULE = "relax_bad_input_rewards"
 REWARDS_SOURCE = textwrap.dedent(
     """
@@ -83,18 +85,6 @@ REWARDS_SOURCE = textwrap.dedent(
 
 
 # -- fixtures ------------------------------------------------------------------------------------
-
-
-@pytest.fixture(autouse=True)
-def preflight_off():
-    """Overrides tests/cli/conftest.py's fixture of the same name: pre-flight is what these test."""
-    yield
-
-
-@pytest.fixture(autouse=True)
-def fixed_task_keys():
-    """Overrides the conftest fixture: the real built-in task (its reward function is called)."""
-    yield
 
 
 @pytest.fixture(scope="module")

@@ -17,20 +17,10 @@ from relax.rollout.base import Prompt
 from relax.runtime.preflight import PreflightError
 from relax.runtime.preflight.task_text import check_task_reads_model_text
 
+pytestmark = pytest.mark.real_preflight  # pre-flight is what these test (tests/cli/conftest.py)
+
 FIX = "--prompt-data FILE --custom-rm-path module:function"
 REWARD_MODULE = "relax_hf_tiny_task_reward"
-
-
-@pytest.fixture(autouse=True)
-def preflight_off():
-    """Overrides tests/cli/conftest.py's fixture of the same name: pre-flight is what these test."""
-    yield
-
-
-@pytest.fixture(autouse=True)
-def fixed_task_keys():
-    """Overrides the conftest fixture: the real built-in task (its reward function is called)."""
-    yield
 
 
 @pytest.fixture(scope="module")

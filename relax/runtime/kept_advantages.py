@@ -15,15 +15,22 @@ def shares_kept_app(algorithm_spec: str) -> bool:
     return not is_dotted_path(algorithm_spec)
 
 
+def _app_name() -> str:
+    """One kept app per relax code version (a replica imports relax once)."""
+    from relax.runtime.advantages import KEPT_APP_PREFIX
+    from relax.runtime.worker_pool import code_fingerprint
+
+    return KEPT_APP_PREFIX + code_fingerprint()
+
+
 def deploy(quiet: dict):
     """Deploy the kept app of this relax code (``relax cluster up``, or the first run that needs
     it), deleting those of older code; returns its handle."""
     from ray import serve
 
     from relax.runtime.advantages import KEPT_APP_PREFIX, make_kept_deployment
-    from relax.runtime.worker_pool import code_fingerprint
 
-    name = KEPT_APP_PREFIX + code_fingerprint()
+    name = _app_name()
     for stale in serve.status().applications:
         if stale.startswith(KEPT_APP_PREFIX) and stale != name:
             serve.delete(stale, _blocking=False)
@@ -34,11 +41,8 @@ def open_run(algorithm_spec: str, algorithm_config, run_prefix: str, quiet: dict
     """The kept app's handle, with this run opened on it (deployed first when it is not up)."""
     from ray import serve
 
-    from relax.runtime.advantages import KEPT_APP_PREFIX
-    from relax.runtime.worker_pool import code_fingerprint
-
     try:
-        handle = serve.get_app_handle(KEPT_APP_PREFIX + code_fingerprint())
+        handle = serve.get_app_handle(_app_name())
     except Exception:  # noqa: BLE001 - Serve raises RayServeException (or KeyError) for an unknown app
         handle = deploy(quiet)
     handle.open.remote(run_prefix, algorithm_spec, algorithm_config).result()

@@ -124,26 +124,27 @@ def _start_kept_roles(address: str, spares: int) -> None:
         ray.shutdown()
 
 
-def _processes_naming(text: str) -> list[int]:
+def _processes_naming(texts: list[str]) -> list[int]:
     found = []
     for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
         if entry.isdigit():
             try:
                 with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    if text.encode() in f.read():
-                        found.append(int(entry))
+                    cmdline = f.read()
             except OSError:
-                pass
+                continue
+            if any(t.encode() in cmdline for t in texts):
+                found.append(int(entry))
     return found
 
 
-def down(temp_dir: str = DEFAULT_DIR) -> int:
-    """Stop the cluster of ``temp_dir``: its processes (those naming its temp dir, and theirs) get
-    SIGTERM, then SIGKILL; ``ray stop`` would stop every Ray cluster on the machine. Returns how
-    many processes were stopped."""
+def stop_processes(temp_dirs: list[str]) -> int:
+    """SIGTERM, then SIGKILL, for the processes of the Ray nodes started in ``temp_dirs``: those
+    naming one of them, and theirs (``ray stop`` would stop every Ray cluster on the machine).
+    Returns how many processes were stopped."""
     from relax.runtime.reaper import descendants
 
-    pids = set(_processes_naming(temp_dir))
+    pids = set(_processes_naming(temp_dirs))
     for pid in list(pids):
         pids |= set(descendants(pid, only_ray=False))
     pids.discard(os.getpid())
@@ -156,8 +157,15 @@ def down(temp_dir: str = DEFAULT_DIR) -> int:
         deadline = time.monotonic() + 3
         while sig == signal.SIGTERM and time.monotonic() < deadline and any(_exists(p) for p in pids):
             time.sleep(0.1)
-    shutil.rmtree(temp_dir, ignore_errors=True)
     return len(pids)
+
+
+def down(temp_dir: str = DEFAULT_DIR) -> int:
+    """Stop the cluster of ``temp_dir`` (``stop_processes``) and remove its temp dir; returns how
+    many processes were stopped."""
+    stopped = stop_processes([temp_dir])
+    shutil.rmtree(temp_dir, ignore_errors=True)
+    return stopped
 
 
 def _exists(pid: int) -> bool:

@@ -15,16 +15,16 @@ import json
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
+
+from relax.runtime.kept_cluster import stop_processes
 
 pytestmark = [
     pytest.mark.multinode,
@@ -60,29 +60,6 @@ def _node_args(temp_dir: str, resource: str) -> list[str]:
     return args
 
 
-def _processes_of(temp_dirs: list[str]) -> list[int]:
-    """The pids whose command line names one of ``temp_dirs``, and their descendants."""
-    parents, mine = {}, set()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmdline = f.read().decode(errors="replace")
-            with open(f"/proc/{entry}/stat") as f:
-                parents[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
-        except OSError:
-            continue
-        if any(d in cmdline for d in temp_dirs):
-            mine.add(int(entry))
-    grew = True
-    while grew:
-        more = {pid for pid, parent in parents.items() if parent in mine} - mine
-        grew = bool(more)
-        mine |= more
-    return sorted(mine - {os.getpid()})
-
-
 def _disk_mb(path: str) -> float:
     total = 0
     for dirpath, _, filenames in os.walk(path):
@@ -92,17 +69,6 @@ def _disk_mb(path: str) -> float:
             except OSError:
                 pass
     return total / 2**20
-
-
-def _stop(temp_dirs: list[str]) -> None:
-    pids = _processes_of(temp_dirs)
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-            except OSError:
-                pass
-        time.sleep(2)
 
 
 START_TRIES = 5  # `ray start` gives a raylet a fixed 30 s to register: a busy machine can miss it
@@ -117,7 +83,7 @@ def _start_node(argv: list[str], prefix: str, temp_dirs: list[str]) -> None:
                               env=ENV, capture_output=True, text=True, timeout=240)
         if done.returncode == 0:
             return
-        _stop([temp_dir])  # what the failed start left
+        stop_processes([temp_dir])  # what the failed start left
         temp_dirs.remove(temp_dir)
         shutil.rmtree(temp_dir, ignore_errors=True)
         if attempt == START_TRIES - 1:
@@ -134,7 +100,7 @@ def two_nodes():
         _start_node(["--address", f"127.0.0.1:{port}"], "rn_work_", temp_dirs)
         yield f"127.0.0.1:{port}", list(temp_dirs)
     finally:
-        _stop(temp_dirs)
+        stop_processes(temp_dirs)
         for temp_dir in temp_dirs:
             shutil.rmtree(temp_dir, ignore_errors=True)
 

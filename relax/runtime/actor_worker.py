@@ -35,6 +35,7 @@ from relax.runtime.actor_metrics import (
 )
 from relax.runtime.fields import ATTENTION_FIELD, BATCH_FIELDS, AttachesDataPlane, token_batch
 from relax.runtime.losses import policy_loss_fn, zero_loss
+from relax.runtime.metrics import gpu_peak_mib
 from relax.runtime.reference_pass import reference_log_probs
 from relax.runtime.rollouts import plan_from_rollouts
 from relax.runtime.schedule import StepPlan, segment_slices, staleness_metrics
@@ -268,6 +269,7 @@ class ActorCore:
             "time/actor/data_read_s": shard["time/actor/data_read_s"],
             "time/actor/wait_advantages_s": t_adv - t1,
             "time/actor/optimize_s": t2 - t_adv,
+            **gpu_peak_mib("perf/actor_gpu_peak_mib"),
         })
         weights = self.weight_sync.export(self.backend, self.rank) if return_weights else None
         self._last_train_end = time.perf_counter()

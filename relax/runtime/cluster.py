@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import threading
 import time
@@ -15,6 +16,7 @@ from relax.backends.registry import get_backend
 from relax.runtime import roles as R
 from relax.runtime.console import log
 from relax.runtime.heartbeat import Heartbeats
+from relax.runtime.placement import placement_line
 from relax.runtime.kept_advantages import close_run as close_kept_run
 from relax.runtime.kept_advantages import open_run as open_kept_run
 from relax.runtime.kept_advantages import shares_kept_app
@@ -42,18 +44,30 @@ from relax.runtime.worker_pool import claim as claim_workers
 STARTUP_TIMEOUT_S = 300
 
 
-def gpu_requests(cluster_gpus: float, actor_workers: int, rollout_workers: int = 1) -> tuple[float, float]:
+def gpu_requests(cluster_gpus: float, actor_workers: int, rollout_workers: int = 1,
+                 service_replicas: int = 0) -> tuple[float, float]:
     """``(num_gpus per actor rank, num_gpus per rollout worker)`` for a cluster with ``cluster_gpus`` GPUs.
 
     One GPU each when there are enough; a single actor rank shares one GPU with a single rollout
-    worker (half each); otherwise none is requested (CPU, or whatever devices the workers see)
-    because two NCCL ranks must never share a GPU.
+    worker (half each, or a third each when ``service_replicas`` reward-model/judge replicas without
+    their own ``--*-gpus`` take the rest of that GPU, and so on); otherwise none is requested (CPU, or
+    whatever devices the workers see) because two NCCL ranks must never share a GPU. A share is a
+    scheduling claim, not a memory limit: the processes on one GPU share its memory as they allocate.
     """
     if cluster_gpus >= actor_workers + rollout_workers:
         return 1.0, 1.0
     if actor_workers == 1 and rollout_workers == 1 and cluster_gpus >= 1:
-        return 0.5, 0.5
+        share = math.floor(1e4 / (2 + service_replicas)) / 1e4  # Ray counts GPU shares to 4 decimals
+        return share, share
     return 0.0, 0.0
+
+
+def auto_gpu_service_replicas(config) -> int:
+    """The reward-model and judge replicas that take an equal share of the GPUs the workers leave free
+    (their ``--reward-model-gpus`` / ``--judge-gpus`` not given)."""
+    c = config
+    return ((c.reward_model_replicas if c.reward_model_path and c.reward_model_gpus is None else 0)
+            + (c.judge_replicas if c.judge_model_path and c.judge_gpus is None else 0))
 
 
 class Runtime:
@@ -98,7 +112,7 @@ class Runtime:
         opts = {"num_cpus": WORKER_CPUS, "max_restarts": 0, "scheduling_strategy": "SPREAD"}
         w = cfg.actor_num_workers
         gpus = ray.cluster_resources().get("GPU", 0.0)
-        actor_gpus, rollout_gpus = gpu_requests(gpus, w, cfg.rollout_num_workers)
+        actor_gpus, rollout_gpus = gpu_requests(gpus, w, cfg.rollout_num_workers, auto_gpu_service_replicas(cfg))
         if gpus and not actor_gpus:
             log(f"relax: warning: {gpus:g} GPU(s) for {w} actor rank(s) + {cfg.rollout_num_workers} rollout "
                 "worker(s); requesting none (NCCL ranks cannot share a GPU)")
@@ -157,6 +171,7 @@ class Runtime:
             self.startup_times[f"{name}_init_s"] = init_done - wall0  # its process, imports and __init__
         self.startup_times["workers_ready_s"] = time.perf_counter() - t0
         log(f"relax: {len(workers)} worker(s) on {len(set(nodes))} node(s)")
+        log(placement_line(names, get([x.device.remote() for x in workers], "start-up", timeout=STARTUP_TIMEOUT_S)))
         if w > 1:
             address = get(self.actors[0].free_address.remote(), "actor", timeout=STARTUP_TIMEOUT_S)
             get([a.init_process_group.remote(address) for a in self.actors], "actor", timeout=STARTUP_TIMEOUT_S)

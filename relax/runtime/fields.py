@@ -39,3 +39,9 @@ class AttachesDataPlane:
 
         self.data_plane = TransferQueueDataPlane().attach()
         return ray.get_runtime_context().get_node_id()
+
+    def device(self) -> str:
+        """Where this worker's model is, in words (``relax.runtime.placement``)."""
+        from relax.runtime.placement import describe, model_device
+
+        return describe(model_device(self))

@@ -1,7 +1,8 @@
 """The configuration rule of ``--in-process`` (``relax.runtime.local_runtime``): the run's one rollout
-worker and one actor rank run in the driver's process, on CPU, in the synchronous schedule. What needs
-Ray (several workers, a cluster to join, GPUs, Megatron, vLLM, the asynchronous schedule, a critic
-worker, the Serve reward services) is refused before anything starts, naming the flag; never a silent
+worker and one actor rank run in the driver's process, in the synchronous schedule, on the CPU or on
+the machine's first GPU (both models on it, as a Ray run places one actor rank and one rollout worker on
+one GPU). What needs Ray (several workers, a cluster to join, Megatron, vLLM, the asynchronous
+schedule, a critic worker, the Serve reward services) is refused before anything starts, naming the flag; never a silent
 fall back to the Ray runtime.
 
 The rule is ``rule(config, algorithm, who, errors, warnings)``, run by ``relax.runtime.validation``.
@@ -46,8 +47,3 @@ def check_in_process(config, algorithm, who, errors, warnings):
         return
     for reason in _needs_ray(config, algorithm):
         errors.append(f"--in-process cannot run {reason}; {FIX}")
-    import torch
-
-    if torch.cuda.is_available():
-        errors.append("--in-process runs on CPU, but this machine shows CUDA GPUs (the models would move to "
-                      f"them); hide them with CUDA_VISIBLE_DEVICES= or {FIX}")

@@ -22,6 +22,7 @@ from relax.backends.registry import get_backend
 from relax.runtime import roles as R
 from relax.runtime.console import log
 from relax.runtime.local_handles import InProcessAdvantages, LocalHandle, LocalQueue
+from relax.runtime.placement import placement_line
 
 
 class LocalRuntime:
@@ -61,6 +62,7 @@ class LocalRuntime:
         self.actors = [LocalHandle(actor, self.calls)]
         self.startup_times["workers_ready_s"] = time.perf_counter() - t0
         log("relax: in-process: 1 rollout worker and 1 actor rank in this process (no Ray, TransferQueue or Serve)")
+        log(placement_line(["rollout0", "actor0"], [rollout.device(), actor.device()]))
 
     def stop(self) -> None:
         """Nothing runs outside this process: drop the calls not run (an interrupted run's) and the data."""

@@ -238,3 +238,13 @@ def progress_line(row: Mapping, keys: Sequence[str], total_steps: int, reward_ke
     parts.append(f"response len {number('rollout/response_len', '.1f')}")
     parts.append(f"{number('time/step_s', '.2f')} s/step")
     return " | ".join(parts)
+
+
+def gpu_peak_mib(name: str) -> dict[str, float]:
+    """``{name: MiB}``: the most GPU memory this process's tensors have held (``torch.cuda.max_memory_allocated``),
+    or nothing where the process has not touched a GPU."""
+    import torch
+
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return {}
+    return {name: round(torch.cuda.max_memory_allocated() / 2**20, 1)}

@@ -130,6 +130,9 @@ class Pipeline:
             "time/step_s": step_s,
             "perf/samples_per_s": plan.num_groups * plan.group_size / step_s,
             "perf/tokens_per_s": row["rollout/generated_tokens"] / step_s,
+            # prompt and response tokens trained over the training phase (old log-probs, optimizer
+            # steps and the weight publish): what benchmarks/gpu.py turns into MFU
+            "perf/train_tokens_per_s": sum(r.get("trained_tokens", 0) for r in rolls) / max(now - t_roll, 1e-9),
         })
         if self.rt.config.fully_async:
             row["async/policy_version"] = refs["version"]

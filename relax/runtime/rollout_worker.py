@@ -46,7 +46,7 @@ from relax.rollout.sampling import sample_groups
 from relax.rollout.truncation import filter_overlong, truncated_rows
 from relax.runtime.evaluation import sample_eval_slice
 from relax.runtime.fields import ATTENTION_FIELD, AttachesDataPlane
-from relax.runtime.metrics import completion_records, response_stats
+from relax.runtime.metrics import completion_records, gpu_peak_mib, response_stats
 from relax.runtime.rollouts import step_shape
 from relax.runtime.weight_sync import ObjectStoreSync
 
@@ -193,6 +193,7 @@ class RolloutCore:
         # --overlong-filter: truncated responses leave the loss (counts per group, for the plan)
         sequences_per_group: list[int] = []
         filtered = 0
+        trained_tokens = 0
         for r in rounds:  # one data-plane write per round (the rounds' tensors differ in width)
             k, batch = r["keep"], r["gen"].batch
             count = int(k.sum())
@@ -205,6 +206,7 @@ class RolloutCore:
                 loss_mask, filtered = filter_overlong(loss_mask, cut), filtered + int(cut.sum())
                 sequences_per_group += loss_mask.any(1).view(-1, n).sum(1).tolist()
             tokens_per_group += loss_mask.sum(1).view(-1, n).sum(1).tolist()
+            trained_tokens += int(batch.prompt_mask[k].sum()) + int(batch.response_mask[k].sum())
             if self.data_plane is not None:
                 # Only what a role reads: every field costs a serialization per prompt group on each
                 # put and get (masks as bool: 1 byte, not 8). The raw reward components stay in the
@@ -246,6 +248,8 @@ class RolloutCore:
             # --reward-model-path / --judge-model-path: batch sizes and waiting (relax.runtime.reward_services)
             "reward_services": self.reward_fn.take_stats() if isinstance(self.reward_fn, CombinedRewards) else {},
             "generated_tokens": sum(int(r["gen"].batch.response_mask.sum()) for r in rounds),
+            "trained_tokens": trained_tokens,  # prompt and response tokens written for training
+            **gpu_peak_mib("gpu_peak_mib"),
             # response_len_max, truncated (relax.runtime.metrics.response_metrics merges them)
             "response_len_max": max(s["response_len_max"] for s in stats),
             "truncated": sum(s["truncated"] for s in stats),

@@ -58,6 +58,9 @@ def rollout_metrics(algorithm, rolls: Sequence[dict]) -> dict[str, float]:
     })
     for key in rolls[0]["times"]:
         metrics[key] = max(r["times"][key] for r in rolls)
+    peaks = [r["gpu_peak_mib"] for r in rolls if "gpu_peak_mib" in r]
+    if peaks:  # the rollout workers that hold their engine on a GPU
+        metrics["perf/rollout_gpu_peak_mib"] = max(peaks)
     # --reward-model-path / --judge-model-path: reward_model/batch_size_mean, reward_model/time_s, ...
     metrics.update(service_metrics([r["reward_services"] for r in rolls if r.get("reward_services")]))
     episodes = [s for r in rolls for s in r.get("episode_stats", ())]

@@ -17,6 +17,7 @@ SCRIPTS = {
     "algorithms": "benchmarks/algorithms.py",
     "async": "benchmarks/async.py",
     "bare_loop": "benchmarks/bare_loop.py",
+    "gpu": "benchmarks/gpu.py",
     "gpu_vllm": "benchmarks/gpu_vllm.py",
     "hf_rollout": "benchmarks/hf_rollout.py",
     "megatron_vs_torch": "benchmarks/megatron_vs_torch.py",
@@ -49,6 +50,25 @@ def test_algorithms(monkeypatch, capsys):
     out = capsys.readouterr().out
     for op in ("grpo_normalize", "gdpo_normalize", "gdpo_whiten"):
         assert sum(line.startswith(op) for line in out.splitlines()) == 1, out  # N = 10^3 only
+
+
+@pytest.mark.timeout(400)
+def test_gpu(monkeypatch):
+    """The GPU check's every phase on a tiny shape on the CPU: the train step three ways on the same
+    batch, the engine benchmark, two runs trained in one process each and the rest validated."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("peft")  # the LoRA run's flags
+    summary = smoke("gpu", monkeypatch)
+    step = summary["train_step"]
+    assert step["real_tokens"] < step["padded_tokens"]  # the responses' lengths are spread
+    assert all(step[way]["tokens_per_s"] > 0 for way in ("bare", "padded", "packed"))
+    assert summary["engine"]["rc"] == 0 and summary["engine"]["tokens_per_s"]["hf_engine"] > 0
+    runs = summary["runs"]
+    assert set(runs) == {"default", "torch_bf16", "torch_bf16_packed", "megatron_bf16", "lora_reward_model"}
+    assert all(r["rc"] == 0 for r in runs.values() if "skipped" not in r), runs
+    for trained in ("default", "torch_bf16"):
+        assert runs[trained]["steps"] == 3 and runs[trained]["train_tokens_per_s"] > 0, runs[trained]
+        assert runs[trained]["actor_gpu_peak_mib"] is None  # no GPU touched on the CPU
 
 
 def test_hf_rollout(monkeypatch):

@@ -303,6 +303,10 @@ def test_gpu_requests():
     assert gpu_requests(2, 2) == (0.0, 0.0)  # two NCCL ranks must not share a GPU
     assert gpu_requests(3, 1, rollout_workers=2) == (1.0, 1.0)
     assert gpu_requests(1, 1, rollout_workers=2) == (0.0, 0.0)  # no half GPU for three processes
+    # a reward model without --reward-model-gpus on the shared GPU: a third each, the third left free
+    assert gpu_requests(1, 1, service_replicas=1) == (0.3333, 0.3333)
+    assert gpu_requests(1, 1, service_replicas=2) == (0.25, 0.25)
+    assert gpu_requests(2, 1, service_replicas=1) == (1.0, 1.0)  # the services share what is left: none
 
 
 def test_densify_pads_rows_of_different_widths_on_the_fields_side():

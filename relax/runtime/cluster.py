@@ -191,9 +191,14 @@ class Runtime:
         self.reward_services.connect(self.rollouts, STARTUP_TIMEOUT_S)  # one real call of each, then the workers
 
     def _deploy_advantages(self) -> None:
-
-        from ray import serve
-
+        try:
+            from ray import serve
+        except Exception as exc:  # noqa: BLE001 - reported by start() on the main thread
+            # e.g. grpcio-reflection not matching the installed grpcio: Serve's import fails, not the run's
+            self._serve_error = (f"Ray Serve could not be imported ({type(exc).__name__}: {exc}); check that "
+                                 "`python -c 'from ray import serve'` works, or pass --advantages-on-actor "
+                                 "to run without Serve")
+            return
         from relax.runtime.advantages import APP_NAME, make_deployment
 
         logging.getLogger("ray.serve").setLevel(logging.WARNING)

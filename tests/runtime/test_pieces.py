@@ -323,3 +323,21 @@ def test_densify_pads_rows_of_different_widths_on_the_fields_side():
 def _kept_raw_rewards(out: dict) -> torch.Tensor:
     """The raw ``[n, K]`` rewards of the kept samples, in the order the data plane holds them."""
     return out["raw_rewards"][torch.isin(out["group_ids"], torch.tensor(out["kept_uids"], dtype=torch.long))]
+
+
+def test_a_serve_that_cannot_be_imported_says_why(monkeypatch):
+    """The H200 image's grpcio did not match grpcio-reflection: Serve's import failed inside the
+    deployment thread, and the run said only "unknown error"."""
+    import sys
+
+    import ray
+
+    from relax.runtime.cluster import Runtime
+
+    runtime = Runtime.__new__(Runtime)  # only the deployment thread's body is under test
+    runtime._serve_error = "unknown error"
+    monkeypatch.delattr(ray, "serve", raising=False)
+    monkeypatch.setitem(sys.modules, "ray.serve", None)  # "import ray.serve" raises ImportError
+    runtime._deploy_advantages()
+    assert runtime._serve_error.startswith("Ray Serve could not be imported (ImportError:")
+    assert "--advantages-on-actor" in runtime._serve_error

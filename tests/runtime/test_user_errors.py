@@ -126,11 +126,64 @@ def test_a_workers_traceback_names_the_worker(buggy):
                          f'  File "{buggy}", line 7, in scale', "    return 1 / (n - n)"]
 
 
-def test_a_failure_that_never_reached_user_code_gets_no_details():
+def test_a_failure_inside_relax_names_relaxs_frames_not_your_code():
     import relax
 
-    text = RAY_TEXT.format(relax=relax.__path__[0], user=f"{relax.__path__[0]}/rollout/tasks/addition.py")
-    assert find_user_failure(text) is None and describe(text, 2, None) is None
+    inner = f"{relax.__path__[0]}/rollout/tasks/addition.py"
+    text = RAY_TEXT.format(relax=relax.__path__[0], user=inner)
+    assert find_user_failure(text) is None
+    lines = describe(text, 2, None)
+    assert lines[0] == ("relax: ZeroDivisionError: division by zero, at step 2 in RolloutWorker.step (pid 4335), "
+                        "raised in relax:")
+    # the worker's frames, innermost last (never the driver's wait in waits.py)
+    assert lines[-2:] == [f'  File "{inner}", line 7, in scale', "    return 1 / (n - n)"]
+    assert not any("waits.py" in line for line in lines)
+
+
+# As the H200 run printed it: Ray installed with pip --target into a directory on PYTHONPATH (no
+# "site-packages" in its path), the device error raised in relax's numerics inside the actor.
+GPU_TEXT = """Traceback (most recent call last):
+  File "{relax}/runtime/waits.py", line 150, in get
+    return ray.get(refs, timeout=timeout)
+  File "{site}/ray/_private/worker.py", line 2961, in get
+    raise value.as_instanceof_cause()
+ray.exceptions.RayTaskError(RuntimeError): ray::ActorWorker.train_step() (pid=911, ip=10.0.0.2, actor_id=77)
+  File "{relax}/backends/torch_backend.py", line 272, in train_step
+    out = loss_fn(tlp, micro)
+  File "{relax}/algorithms/numerics/losses.py", line 60, in masked_inputs
+    return x * mask
+RuntimeError: Expected all tensors to be on the same device, but found at least two devices, cuda:0 and cpu!
+"""
+
+
+def test_packages_installed_into_a_pythonpath_directory_are_not_the_users(tmp_path, monkeypatch):
+    import relax
+    from relax.runtime import user_errors
+
+    site = tmp_path / "site"
+    (site / "ray" / "_private").mkdir(parents=True)
+    (site / "ray" / "_private" / "worker.py").write_text("")
+    (site / "ray-2.60.0.dist-info").mkdir()
+    (site / "ray-2.60.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: ray\nVersion: 2.60.0\n")
+    (site / "ray-2.60.0.dist-info" / "RECORD").write_text("ray/_private/worker.py,,\n")
+    monkeypatch.syspath_prepend(str(site))
+    user_errors._library_dirs.cache_clear()
+    try:
+        assert not is_user_file(str(site / "ray" / "_private" / "worker.py"))
+        lines = describe(GPU_TEXT.format(relax=relax.__path__[0], site=site), 1, None)
+    finally:
+        user_errors._library_dirs.cache_clear()
+    assert lines[0].startswith("relax: RuntimeError: Expected all tensors to be on the same device")
+    assert lines[0].endswith("at step 1 in ActorWorker.train_step (pid 911), raised in relax:")
+    assert f'  File "{relax.__path__[0]}/algorithms/numerics/losses.py", line 60, in masked_inputs' in lines
+
+
+def test_relaxs_own_error_in_the_driver_gets_no_details():
+    import relax
+
+    text = (f'Traceback (most recent call last):\n  File "{relax.__path__[0]}/runtime/waits.py", line 150, in get\n'
+            f'    raise WorkerDied("the rollout worker died")\nrelax.runtime.waits.WorkerDied: the rollout worker died\n')
+    assert describe(text, 2, None) is None  # its message already says what happened
 
 
 def test_report_keeps_the_traceback_of_any_failure(tmp_path):

@@ -339,5 +339,5 @@ def test_a_serve_that_cannot_be_imported_says_why(monkeypatch):
     monkeypatch.delattr(ray, "serve", raising=False)
     monkeypatch.setitem(sys.modules, "ray.serve", None)  # "import ray.serve" raises ImportError
     runtime._deploy_advantages()
-    assert runtime._serve_error.startswith("Ray Serve could not be imported (ImportError:")
+    assert runtime._serve_error.startswith("Ray Serve could not be imported (ModuleNotFoundError:")
     assert "--advantages-on-actor" in runtime._serve_error

@@ -312,12 +312,12 @@ def relax_runs(ckpt: Path, rm: Path, work: Path, steps: int, smoke: bool) -> dic
     }
 
 
-LANES = (("default", "torch_bf16", "torch_bf16_packed"), ("megatron_bf16", "lora_reward_model"))
+RUN_ORDER = ("default", "megatron_bf16", "torch_bf16", "lora_reward_model", "torch_bf16_packed")
 LIMITS = {"default": 120, "torch_bf16": 150, "torch_bf16_packed": 130, "megatron_bf16": 170, "lora_reward_model": 150}
 
 
 def runs_phase(ckpt: Path, rm: Path, work: Path, deadline: float, steps: int, smoke: bool, params: int,
-               peak: float | None) -> dict:
+               peak: float | None, parallel: int = 2) -> dict:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(work), str(ROOT), os.environ.get("PYTHONPATH", "")]),
            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "RAY_USAGE_STATS_ENABLED": "0",
            "PYTHONUNBUFFERED": "1"}
@@ -337,20 +337,16 @@ def runs_phase(ckpt: Path, rm: Path, work: Path, deadline: float, steps: int, sm
         r.update(run_summary(out_dir, None if name == "default" else params, peak))
         results[name] = {**r, "shared_gpu_with": partner}
 
-    def lane(names: tuple[str, ...], other: tuple[str, ...]) -> None:
-        for name in names:
-            one(name, "/".join(other) or None)
+    def lane(mine: tuple[str, ...], others: tuple[str, ...]) -> None:
+        for name in mine:  # the runs of the other lanes share the GPU with it, as far as their times overlap
+            one(name, "/".join(others) or None)
 
-    megatron = _importable("megatron.core")
-    lanes = [LANES[0], tuple(x for x in LANES[1] if megatron or x != "megatron_bf16")]
-    if not megatron:
+    names = [x for x in RUN_ORDER if _importable("megatron.core") or x != "megatron_bf16"]
+    if len(names) < len(RUN_ORDER):
         results["megatron_bf16"] = {"rc": None, "skipped": "megatron-core is not installed"}
-    if smoke:  # one core's worth each: in turn
-        for names in lanes:
-            lane(names, ())
-        return results
-    threads = [threading.Thread(target=lane, args=(lanes[0], lanes[1])),
-               threading.Thread(target=lane, args=(lanes[1], lanes[0]))]
+    lanes = [tuple(names[i::parallel]) for i in range(parallel)] if not smoke else [tuple(names)]
+    threads = [threading.Thread(target=lane, args=(mine, tuple(x for x in names if x not in mine)))
+               for mine in lanes if mine]
     for t in threads:
         t.start()
     for t in threads:
@@ -374,6 +370,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--steps", type=int, default=3, help="training steps of each Qwen2 run (default 3)")
     parser.add_argument("--peak-tflops", type=float, default=None,
                         help="the GPU's peak dense bfloat16 TFLOP/s for MFU (default: known for H100/H200/A100)")
+    parser.add_argument("--parallel", type=int, default=2,
+                        help="relax train runs at a time on the one GPU (default 2; the CPU's --smoke: 1)")
     parser.add_argument("--out", default=None, help="a directory for summary.json and the runs' logs")
     parser.add_argument("--smoke", action="store_true", help="a tiny shape on the CPU: checks that it runs")
     args = parser.parse_args(argv)
@@ -395,8 +393,13 @@ def main(argv=None) -> dict:
     rm = build_tiny_reward_model(work / "rm")
     summary["checkpoint_build_s"] = round(time.time() - t, 1)
     params = None
+    def keep() -> None:  # after every phase: a command cut off by its time limit still leaves its numbers
+        (work / "summary.json").write_text(json.dumps(summary, indent=1))
+
+    keep()
     if "train_step" in phases:
         summary["train_step"] = train_step_phase(ckpt, device, args.smoke, peak)
+        keep()
         params = summary["train_step"]["params"]
         if device == "cuda":
             torch.cuda.empty_cache()
@@ -407,10 +410,11 @@ def main(argv=None) -> dict:
             params = sum(p.numel() for p in AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(ckpt)).parameters())
     if "engine" in phases:
         summary["engine"] = engine_phase(ckpt, device, args.smoke, min(150.0, deadline - time.time()), work)
+        keep()
     if "runs" in phases:
-        summary["runs"] = runs_phase(ckpt, rm, work, deadline, args.steps, args.smoke, params, peak)
+        summary["runs"] = runs_phase(ckpt, rm, work, deadline, args.steps, args.smoke, params, peak, args.parallel)
     summary["wall_s"] = round(time.time() - t_start, 1)
-    (work / "summary.json").write_text(json.dumps(summary, indent=1))
+    keep()
     print(f"relax gpu check: {name}; logs and summary.json in {work}", file=sys.stderr)
     print(json.dumps(summary))
     return summary

@@ -18,9 +18,10 @@ def _placement(tensor: torch.Tensor | None) -> tuple | None:
 
 
 def passes_beside_the_model(rank: int, world: int) -> dict:
-    """Log-probs through the backend's own schedule with its model moved off the CPU, and a forward
-    and backward of the backend's GPTModel (float32, and bfloat16 under Float16Module) on that
-    device, fed by the backend's input and log-prob code from a CPU batch."""
+    """Log-probs through the backend's own schedule with its model moved off the CPU; the backend
+    built on a rank whose device is not the CPU; a forward and backward of the backend's GPTModel
+    (float32, and bfloat16 under Float16Module) on that device, fed by the backend's input and
+    log-prob code from a CPU batch."""
     from megatron.core.transformer.module import Float16Module
 
     from relax.backends.megatron import _cpu_compat
@@ -35,6 +36,27 @@ def passes_beside_the_model(rank: int, world: int) -> dict:
     out["log_probs"] = _placement(moved.log_probs)
     out["entropy"] = _placement(moved.entropy)
     del mg
+
+    # The rank's device, as placement.training_device() would give a GPU rank: the backend must
+    # build its model, DDP and optimizer there (the CPU patches stay: this machine has no CUDA).
+    from relax.backends.megatron import placement
+
+    _cpu_compat.apply()
+    chosen = placement.training_device
+    placement.training_device = lambda: META
+    try:
+        for bf16 in (False, True):
+            mg = W._megatron(bf16=bf16)
+            built = mg.compute_log_probs(batch, with_entropy=True)
+            out["built_bf16" if bf16 else "built_fp32"] = {
+                "device": str(mg.device),
+                "params": {name: _placement(p) for name, p in mg.gpt.named_parameters()},
+                "masters": {name: _placement(m) for name, m in mg._master_params().items()},
+                "log_probs": _placement(built.log_probs),
+            }
+            del mg
+    finally:
+        placement.training_device = chosen
 
     for bf16 in (False, True):
         mg = W._megatron(bf16=bf16)

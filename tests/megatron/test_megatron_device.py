@@ -4,7 +4,10 @@ On a GPU the backend failed twice at main 1b1c888: the model stayed on the CPU (
 Megatron's mixed-precision optimizer refused its CPU parameters), and the model's inputs were built
 on the CPU beside a model on the GPU (float32: a device mismatch in the forward pass). Here the model
 is put on torch's ``meta`` device, which refuses a CPU tensor beside it just as CUDA does, so any
-input, mask or target the backend leaves on the CPU fails these tests.
+input, mask or target the backend leaves on the CPU fails these tests: the backend's model moved
+there after construction (at 1b1c888 this fails at the same line as on the GPU), the backend built
+on a rank whose device is ``meta`` (model, bf16 weights and float32 masters must all land there),
+and a forward and backward through the backend's input and log-prob code.
 
 What needs a real GPU (NCCL, Megatron's CUDA-only buffers and optimizer checks, Transformer Engine)
 cannot run here: for that, the pieces that decide placement are checked one by one below (the rank's
@@ -43,6 +46,18 @@ def test_log_probs_are_computed_on_the_models_device(beside_the_model):
     # the schedule moved the CPU batch to the model: log-probs and entropy come back from there
     assert beside_the_model["log_probs"] == (META, torch.float32, shape)
     assert beside_the_model["entropy"] == (META, torch.float32, shape)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_the_backend_builds_its_model_on_the_ranks_device(beside_the_model, precision):
+    built = beside_the_model[f"built_{precision}"]
+    weight_dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    assert built["device"] == META
+    assert built["params"] and {p[:2] for p in built["params"].values()} == {(META, weight_dtype)}
+    # the optimizer's float32 weights (with --bf16 Megatron's master copies) are made there too
+    assert {m[:2] for m in built["masters"].values()} == {(META, torch.float32)}
+    assert built["log_probs"] == (META, torch.float32, tuple(W.make_batch().response_mask.shape))
 
 
 @pytest.mark.timeout(240)

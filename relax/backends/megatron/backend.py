@@ -9,6 +9,12 @@ normalizes by whole-batch counts taken over all DP ranks (``PolicyLossInputs.glo
 the full-batch gradient is the *sum* of the per-rank gradients. Megatron's schedule divides each
 micro-batch loss by the number of micro-batches and Megatron DDP averages gradients over DP; the
 loss handed to Megatron is therefore multiplied by ``num_microbatches * dp_size`` to undo both.
+
+Devices. A rank trains on its CUDA device when torch sees one (``placement.training_device``, made
+current before megatron-core allocates anything), else on the CPU, the only place the
+``_cpu_compat`` patches go in. Batches may arrive on the CPU: they are moved to the model's device,
+and the log-probs come back from there (like the torch backend's). Whole weights (``export_weights``,
+``state_dict``, ``gradients``) leave the rank as CPU tensors.
 """
 
 from __future__ import annotations

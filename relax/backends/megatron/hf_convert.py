@@ -197,7 +197,8 @@ def hf_transformer_config(
 
 
 def build_hf_gpt_model(hf_config, config, *, pre_process: bool = True, post_process: bool = True):
-    """A ``GPTModel`` (local spec) for this rank, shaped like the HF model of ``hf_config``."""
+    """A ``GPTModel`` for this rank, shaped like the HF model of ``hf_config`` (the local spec, or
+    Transformer Engine's on CUDA where it imports: ``layer_specs.layer_spec``)."""
     from megatron.core.models.gpt import GPTModel
     from relax.backends.megatron.layer_specs import layer_spec
 

@@ -121,7 +121,8 @@ def transformer_config(cfg: TinyLMConfig, *, tp_size: int = 1, pp_size: int = 1,
 
 
 def build_gpt_model(cfg: TinyLMConfig, config, *, pre_process: bool = True, post_process: bool = True):
-    """A ``GPTModel`` (local spec, learned absolute positions, tied embeddings) for this rank."""
+    """A ``GPTModel`` (learned absolute positions, tied embeddings) for this rank: the local spec, or
+    Transformer Engine's on CUDA where it imports (``layer_specs.layer_spec``)."""
     from megatron.core.models.gpt import GPTModel
     from megatron.core.tensor_parallel import ColumnParallelLinear
 

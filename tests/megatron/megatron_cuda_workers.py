@@ -54,7 +54,8 @@ def trains_on_the_gpu(rank: int, world: int) -> dict:
     batch = W.make_batch()
     reference = TinyCausalLM(W.CFG)
     reference.load_state_dict(W.initial_weights())
-    out = {"torch_cpu": W.run_training(TorchBackend(reference, lr=W.LR, eps=W.ADAM_EPS, clip_grad=1.0), batch)}
+    torch_backend = TorchBackend(reference, lr=W.LR, eps=W.ADAM_EPS, clip_grad=1.0)
+    out = {"torch_cpu": W.run_training(torch_backend, batch)}
     for precision in ("fp32", "bf16"):
         mg = W._megatron(bf16=precision == "bf16")
         run = {

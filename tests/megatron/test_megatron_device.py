@@ -23,7 +23,8 @@ import torch
 
 pytestmark = [
     pytest.mark.megatron,
-    pytest.mark.skipif(importlib.util.find_spec("megatron.core") is None, reason="megatron-core is not installed"),
+    pytest.mark.skipif(importlib.util.find_spec("megatron.core") is None,
+                       reason="megatron-core is not installed"),
 ]
 
 from megatron_harness import run_distributed  # noqa: E402
@@ -148,14 +149,17 @@ def test_transformer_engine_fused_norm_names_map_to_the_local_names():
     from relax.backends.megatron.layer_specs import canonical_name
 
     te = {
-        "decoder.layers.3.self_attention.linear_qkv.layer_norm_weight": "decoder.layers.3.input_layernorm.weight",
-        "decoder.layers.3.self_attention.linear_qkv.layer_norm_bias": "decoder.layers.3.input_layernorm.bias",
-        "decoder.layers.0.mlp.linear_fc1.layer_norm_weight": "decoder.layers.0.pre_mlp_layernorm.weight",
-        "decoder.layers.0.mlp.linear_fc1.layer_norm_bias": "decoder.layers.0.pre_mlp_layernorm.bias",
+        "self_attention.linear_qkv.layer_norm_weight": "input_layernorm.weight",
+        "self_attention.linear_qkv.layer_norm_bias": "input_layernorm.bias",
+        "mlp.linear_fc1.layer_norm_weight": "pre_mlp_layernorm.weight",
+        "mlp.linear_fc1.layer_norm_bias": "pre_mlp_layernorm.bias",
     }
-    for fused, local in te.items():
-        assert canonical_name(fused) == local
-    for unchanged in ("decoder.layers.3.self_attention.linear_qkv.weight", "decoder.layers.0.mlp.linear_fc1.bias",
-                      "decoder.layers.1.input_layernorm.weight", "embedding.word_embeddings.weight",
+    for layer in (0, 3):
+        for fused, local in te.items():
+            assert canonical_name(f"decoder.layers.{layer}.{fused}") == f"decoder.layers.{layer}.{local}"
+    for unchanged in ("decoder.layers.3.self_attention.linear_qkv.weight",
+                      "decoder.layers.0.mlp.linear_fc1.bias",
+                      "decoder.layers.1.input_layernorm.weight",
+                      "embedding.word_embeddings.weight",
                       "decoder.layers.2.self_attention.q_layernorm.weight"):
         assert canonical_name(unchanged) == unchanged

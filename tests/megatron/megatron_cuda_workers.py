@@ -47,15 +47,18 @@ def _train(backend, batch) -> dict:
 
 
 def trains_on_the_gpu(rank: int, world: int) -> dict:
-    """World 1 on NCCL: the Megatron backend in float32 and in bf16 on the GPU, against CPU references."""
+    """World 1 on NCCL: the Megatron backend in float32 and in bf16 on the GPU, against the torch
+    backend's float32 run of the same model, batch and loss."""
     from relax.backends.megatron import _cpu_compat
     from relax.backends.torch_backend import TorchBackend
 
     batch = W.make_batch()
     reference = TinyCausalLM(W.CFG)
     reference.load_state_dict(W.initial_weights())
-    torch_backend = TorchBackend(reference, lr=W.LR, eps=W.ADAM_EPS, clip_grad=1.0)
-    out = {"torch_cpu": W.run_training(torch_backend, batch)}
+    # the reference: the torch backend on the same model, batch and loss (float32)
+    torch_run = _train(TorchBackend(reference, lr=W.LR, eps=W.ADAM_EPS, clip_grad=1.0), batch)
+    torch_run.pop("loss_fn")
+    out = {"torch": torch_run}
     for precision in ("fp32", "bf16"):
         mg = W._megatron(bf16=precision == "bf16")
         run = {

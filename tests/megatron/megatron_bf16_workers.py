@@ -38,20 +38,20 @@ def bf16_runs(rank: int, world: int) -> dict:
     # -- bf16, built by for_policy from a RunConfig as `relax train --bf16` builds it ----------
     config = RunConfig(lr=W.LR, adam_eps=W.ADAM_EPS, clip_grad=1.0, seed=7, bf16=True)
     mg = MegatronBackend.for_policy(config, _tiny_model())
-    params = dict(mg.model.module.named_parameters())
+    params = dict(mg.gpt.named_parameters())
     masters = mg._master_params()
     out["param_dtypes"] = {name: p.dtype for name, p in params.items()}
     out["master_dtypes"] = {name: m.dtype for name, m in masters.items()}
     out["initial_masters"] = mg._gather({k: v.detach().clone() for k, v in masters.items()})
-    out["initial_params"] = mg._gather(local_tensors(mg.model.module))
+    out["initial_params"] = mg._gather(local_tensors(mg.gpt))
     out["logits_dtype"] = mg.logits(batch).dtype
     out["inline_schedule"].append(mg._unpipelined_applies())
     out["bf16"] = W.run_training(mg, batch)
     masters = mg._master_params()
     out["params_equal_rounded_masters"] = all(
-        torch.equal(p, masters[name].to(p.dtype)) for name, p in mg.model.module.named_parameters()
+        torch.equal(p, masters[name].to(p.dtype)) for name, p in mg.gpt.named_parameters()
     )
-    out["main_grad_dtypes"] = {p.main_grad.dtype for p in mg.model.module.parameters()}
+    out["main_grad_dtypes"] = {p.main_grad.dtype for p in mg.gpt.parameters()}
     out["optimizer_param_dtypes"] = {
         p.dtype for opt in mg._torch_optimizers() for g in opt.param_groups for p in g["params"]
     }
@@ -61,7 +61,7 @@ def bf16_runs(rank: int, world: int) -> dict:
     }
     out["adam_exp_avg"] = mg._gather(mg._adam_state("exp_avg"))
     out["bf16_masters"] = mg._gather({k: v.detach().clone() for k, v in masters.items()})
-    out["bf16_params"] = mg._gather(local_tensors(mg.model.module))
+    out["bf16_params"] = mg._gather(local_tensors(mg.gpt))
     out["bf16_exported"] = mg.export_weights()
     out["rollout"] = _published_to_engines(mg)
     del mg
@@ -115,7 +115,7 @@ def bf16_two_ranks(rank: int, world: int) -> dict:
     out["pp2"] = W.run_training(backend, batch, micro=2)
     out["pp2_masters"] = backend._gather({k: v.detach().clone() for k, v in backend._master_params().items()})
     out["pp2_exported"] = backend.export_weights()  # the tied output layer's copy lives on the last stage
-    out["pp2_param_dtypes"] = {p.dtype for p in backend.model.module.parameters()}
+    out["pp2_param_dtypes"] = {p.dtype for p in backend.gpt.parameters()}
     return out
 
 
@@ -128,7 +128,7 @@ def bf16_resume(rank: int, world: int) -> dict:
     loss_fn = W.make_loss_fn(batch, old, W.advantages_for(batch), float(batch.response_mask.sum()))
 
     def snapshot(backend) -> dict:
-        return {"params": backend._gather(local_tensors(backend.model.module)),
+        return {"params": backend._gather(local_tensors(backend.gpt)),
                 "masters": backend._gather({k: v.detach().clone() for k, v in backend._master_params().items()}),
                 "exp_avg_sq": backend._gather(backend._adam_state("exp_avg_sq")), "steps": backend.steps}
 

@@ -23,11 +23,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _entry(rank, fn, world_size, port, out_dir, args):
+def _entry(rank, fn, world_size, port, out_dir, args, pg_backend="gloo"):
     torch.set_num_threads(1)
     os.environ["OMP_NUM_THREADS"] = "1"
     dist.init_process_group(
-        "gloo",
+        pg_backend,
         init_method=f"tcp://127.0.0.1:{port}",
         rank=rank,
         world_size=world_size,
@@ -40,8 +40,9 @@ def _entry(rank, fn, world_size, port, out_dir, args):
         dist.destroy_process_group()
 
 
-def run_distributed(fn, world_size: int, *args) -> list:
-    """Run ``fn(rank, world_size, *args)`` in ``world_size`` spawned gloo ranks; return each rank's result.
+def run_distributed(fn, world_size: int, *args, pg_backend: str = "gloo") -> list:
+    """Run ``fn(rank, world_size, *args)`` in ``world_size`` spawned ranks (gloo; ``pg_backend="nccl"``
+    for GPU ranks); return each rank's result.
 
     ``fn`` must be a module-level function (spawn pickles it by name). An exception on any rank is
     re-raised here (torch terminates the other ranks).
@@ -49,7 +50,7 @@ def run_distributed(fn, world_size: int, *args) -> list:
     with tempfile.TemporaryDirectory() as out_dir:
         mp.start_processes(
             _entry,
-            args=(fn, world_size, _free_port(), out_dir, args),
+            args=(fn, world_size, _free_port(), out_dir, args, pg_backend),
             nprocs=world_size,
             join=True,
             start_method="spawn",

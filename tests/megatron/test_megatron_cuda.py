@@ -1,8 +1,12 @@
-"""Megatron paths that CPU cannot exercise: they skip with the reason on CPU-only machines."""
+"""Megatron paths that CPU cannot exercise: they skip with the reason on CPU-only machines.
+
+On a GPU machine (``pytest -m megatron tests/megatron/test_megatron_cuda.py``) they train the
+Megatron backend on CUDA in float32 and bf16 and compare it with the torch backend's float32 run."""
 
 from __future__ import annotations
 
 import importlib.util
+import math
 
 import pytest
 import torch
@@ -39,3 +43,38 @@ def test_cpu_compat_refuses_to_run_on_cuda_machines():
 
     with pytest.raises(RuntimeError, match="CUDA is available"):
         _cpu_compat.apply()
+
+
+@pytest.fixture(scope="module")
+def on_the_gpu():
+    from megatron_harness import run_distributed
+    import megatron_cuda_workers as C
+
+    return run_distributed(C.trains_on_the_gpu, 1, pg_backend="nccl")[0]
+
+
+@requires_cuda
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_megatron_trains_on_the_gpu(on_the_gpu, precision):
+    import megatron_workers as W
+
+    run, reference = on_the_gpu[precision], on_the_gpu["torch"]
+    assert run["device"] == "cuda:0" and run["current_device"] == 0
+    assert not run["compat_applied"]  # the CPU patches never go in on a CUDA machine
+    assert run["param_devices"] == {"cuda"} and run["master_devices"] == {"cuda"}
+    assert run["param_dtypes"] == ({torch.bfloat16} if precision == "bf16" else {torch.float32})
+    assert run["log_probs_device"] == "cuda"  # where the model is, like the torch backend's
+    # what leaves the rank (weights published to the rollout, checkpoints, the HF export) is on the CPU
+    assert run["exported_devices"] == {"cpu"} and run["state_devices"] == {"cpu"}
+    tol = 0.03 if precision == "bf16" else 1e-4  # bf16 rounding; float32 GPU kernels' reduction order
+    batch = W.make_batch()
+    valid = batch.response_mask
+    assert float((run["log_probs"] - reference["log_probs"])[valid].abs().max()) < tol
+    for step, reference_step in zip(run["metrics"], reference["metrics"], strict=True):
+        assert math.isfinite(step["grad_norm"])
+        assert step["loss"] == pytest.approx(reference_step["loss"], abs=tol)
+    # resuming the checkpoint replays the same step
+    assert run["resumed_step"]["loss"] == pytest.approx(run["next_step"]["loss"], abs=1e-5)
+    for name, weight in run["after_next"].items():
+        assert torch.allclose(run["after_resumed"][name], weight, atol=1e-5), name  # GPU backward: atomics

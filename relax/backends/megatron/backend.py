@@ -9,6 +9,12 @@ normalizes by whole-batch counts taken over all DP ranks (``PolicyLossInputs.glo
 the full-batch gradient is the *sum* of the per-rank gradients. Megatron's schedule divides each
 micro-batch loss by the number of micro-batches and Megatron DDP averages gradients over DP; the
 loss handed to Megatron is therefore multiplied by ``num_microbatches * dp_size`` to undo both.
+
+Devices. A rank trains on its CUDA device when torch sees one (``placement.training_device``, made
+current before megatron-core allocates anything), else on the CPU, the only place the
+``_cpu_compat`` patches go in. Batches may arrive on the CPU: they are moved to the model's device,
+and the log-probs come back from there (like the torch backend's). Whole weights (``export_weights``,
+``state_dict``, ``gradients``) leave the rank as CPU tensors.
 """
 
 from __future__ import annotations
@@ -25,8 +31,9 @@ import torch.distributed as dist
 
 from relax.backends import optim
 from relax.backends.base import LossFn, TokenBatch, TokenLogProbs
-from relax.backends.megatron import MegatronEntry, _cpu_compat
+from relax.backends.megatron import MegatronEntry, _cpu_compat, placement
 from relax.backends.megatron.families import ModelFamily, TinyFamily, family_of
+from relax.backends.megatron.layer_specs import canonical_name
 from relax.backends.megatron.logprobs import vocab_parallel_entropy, vocab_parallel_log_probs
 from relax.backends.megatron.model import local_tensors, mask_padded_vocab
 from relax.models.tiny.model import TinyLMConfig
@@ -41,13 +48,13 @@ def _free_port() -> int:
 
 
 def ensure_distributed(timeout_s: float = 120.0) -> None:
-    """Start a single-process group when the caller did not start one (gloo without CUDA)."""
+    """Start a single-process group when the caller did not start one (NCCL on CUDA, else gloo)."""
     if dist.is_initialized():
         return
     import datetime
 
     dist.init_process_group(
-        "nccl" if torch.cuda.is_available() else "gloo",
+        placement.process_group_backend(),
         init_method=f"tcp://127.0.0.1:{_free_port()}",
         rank=0,
         world_size=1,
@@ -133,7 +140,8 @@ class MegatronBackend(MegatronEntry):
 
     @classmethod
     def process_group_kind(cls, model) -> str:
-        return "nccl" if torch.cuda.is_available() else "gloo"
+        # the rank's model is built on its GPU whatever device ``model`` (the source weights) is on
+        return placement.process_group_backend()
 
     @property
     def writes_shared_fields(self) -> bool:
@@ -163,10 +171,10 @@ class MegatronBackend(MegatronEntry):
             raise ValueError(f"dp_grad_reduction must be 'sum' or 'mean', got {dp_grad_reduction!r}")
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {temperature}")
-        if not torch.cuda.is_available():
-            _cpu_compat.apply()
-        else:
-            _cpu_compat.check_version()
+        # The rank's CUDA device (made current: megatron-core allocates on the current device), else
+        # the CPU, where (and only where) the CPU compatibility patches go in.
+        device = placement.training_device()
+        placement.prepare_megatron(device)
         from megatron.core import parallel_state
         from megatron.core.distributed import (
             DistributedDataParallel,
@@ -174,6 +182,7 @@ class MegatronBackend(MegatronEntry):
             finalize_model_grads,
         )
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+        from megatron.core.transformer.module import Float16Module
         from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
         self.family = model_config if isinstance(model_config, ModelFamily) else TinyFamily(model_config)
@@ -211,15 +220,21 @@ class MegatronBackend(MegatronEntry):
             self.config = self.family.transformer_config(tp_size=self.tp_size, pp_size=self.pp_size,
                                                          **recompute, **precision)
             torch.manual_seed(seed)
+            # Built on the CPU (use_cpu_initialization: the same initial values at any tp), then moved
+            # to the rank's device before anything holds its parameters (DDP's buffers and the
+            # optimizer are made from them, on the current CUDA device).
             module = self.family.build(self.config, pre_process=self.is_first_stage, post_process=self.is_last_stage)
+            module.to(device)
+            self.gpt = module  # the GPTModel itself: its parameter names are the conversions' names
             self.layer_offset = get_transformer_layer_offset(self.config)
             self._load_weights_into(module, initial_weights)
             if bf16:
-                # What megatron-core's Float16Module wrapper does to the module (norm layers are built
-                # in float32); the wrapper's other job, casting float inputs and outputs, is moot here
-                # (token ids and masks go in, and the log-probs are taken in float32), and leaving it
-                # out keeps the parameter names the same as in float32.
-                module.bfloat16()
+                # megatron-core's mixed-precision wrapper: the module in bfloat16 (norm layers are
+                # built in float32), float inputs cast on the first stage; outputs are kept in
+                # bfloat16 (``fp32_output=False``): the log-probs slice the response columns first and
+                # take them in float32, instead of a float32 copy of every position's logits.
+                module = Float16Module(self.config, module)
+            self._forward_kwargs = {"fp32_output": False} if bf16 else {}
             ddp_config = DistributedDataParallelConfig(
                 grad_reduce_in_fp32=True,
                 overlap_grad_reduce=False,
@@ -258,6 +273,11 @@ class MegatronBackend(MegatronEntry):
 
     # -- weights -----------------------------------------------------------------------------
 
+    @property
+    def device(self) -> torch.device:
+        """Where the model's parameters are (the rank's CUDA device, or the CPU); inputs go there."""
+        return next(self.gpt.parameters()).device
+
     def _load_weights_into(self, module, weights: Mapping[str, torch.Tensor]) -> None:
         self._shard_into(local_tensors(module), weights)
 
@@ -285,25 +305,39 @@ class MegatronBackend(MegatronEntry):
         """Replace the model weights (the family's naming); optimizer state is kept. With ``--bf16``
         the float32 masters take ``weights`` exactly and the bfloat16 parameters their rounding, as
         after an optimizer step."""
-        self._load_weights_into(self.model.module, weights)
+        self._load_weights_into(self.gpt, weights)
         if self.bf16:
             with torch.no_grad():
                 self._shard_into(self._master_params(), weights)
 
     # -- batches -----------------------------------------------------------------------------
 
-    @staticmethod
-    def _model_inputs(batch: TokenBatch):
+    def _on_device(self, batch: TokenBatch, device: torch.device | None = None) -> TokenBatch:
+        """``batch`` on ``device`` (default: the model's), where its masks and targets meet the
+        model's outputs."""
+        device = self.device if device is None else device
+        return batch if batch.prompt_ids.device == device else batch.to(device)
+
+    def _model_inputs(self, batch: TokenBatch, device: torch.device):
+        """Token ids, positions and the attention mask of ``batch``, on ``device``."""
+        batch = self._on_device(batch, device)
         ids, mask, pos = batch.input_ids, batch.attention_mask, batch.position_ids
         s = ids.shape[1]
-        idx = torch.arange(s)
+        idx = torch.arange(s, device=ids.device)
         causal = idx[None, :] <= idx[:, None]
         # Same visibility as TinyCausalLM: causal, real keys only, and every query sees itself.
-        allowed = (causal & mask[:, None, :]) | torch.eye(s, dtype=torch.bool)
+        allowed = (causal & mask[:, None, :]) | torch.eye(s, dtype=torch.bool, device=ids.device)
         return ids, pos, ~allowed[:, None]  # Megatron masks where True
+
+    def _forward(self, model, batch: TokenBatch) -> torch.Tensor:
+        """Logits ``[b, s, V/tp]`` of ``batch`` through ``model`` (the DDP wrapper, or the one the
+        pipeline schedule hands over), with the inputs on that model's device."""
+        device = next(model.parameters()).device
+        return model(*self._model_inputs(batch, device), **self._forward_kwargs)
 
     def _token_log_probs(self, logits: torch.Tensor, batch: TokenBatch, with_entropy: bool) -> TokenLogProbs:
         """Response-token log-probs from full-sequence logits ``[b, P+T, V/tp]`` (token t at column P+t-1)."""
+        batch = self._on_device(batch, logits.device)
         p, t = batch.prompt_width, batch.response_ids.shape[1]
         logits = logits[:, p - 1 : p + t - 1].float()
         if self.temperature != 1.0:  # match a rollout that sampled at this temperature
@@ -341,9 +375,7 @@ class MegatronBackend(MegatronEntry):
         def forward_step(data_iterator, model):
             part = next(data_iterator)
             mb = batch.select(part)
-            ids, pos, mask = self._model_inputs(mb)
-            output = model(ids, pos, mask)
-            return output, partial(loss_func, mb, part)
+            return self._forward(model, mb), partial(loss_func, mb, part)
 
         with _cpu_compat.cpu_device_scope():
             return get_forward_backward_func()(
@@ -394,7 +426,7 @@ class MegatronBackend(MegatronEntry):
             last = i == n - 1
             with contextlib.nullcontext() if forward_only or last else self.model.no_sync():
                 mb = batch.select(part)
-                output = self.model(*self._model_inputs(mb))
+                output = self._forward(self.model, mb)
                 loss, reduced = loss_func(mb, part, output)
                 store.append(reduced)
                 if not forward_only:
@@ -405,12 +437,17 @@ class MegatronBackend(MegatronEntry):
         return store
 
     def _from_last_stage(self, obj):
-        """Pipeline: outputs exist on the last stage only; hand them to every stage."""
+        """Pipeline: outputs exist on the last stage only; hand them to every stage. Log-probs travel
+        as CPU tensors (a pickled CUDA tensor would name the sender's device) and arrive on each
+        stage's own device."""
         if self.pp_size == 1:
             return obj
+        if isinstance(obj, TokenLogProbs):
+            obj = _log_probs_to(obj, "cpu")
         box = [obj if self.is_last_stage else None]
         dist.broadcast_object_list(box, src=self.last_stage_rank, group=self.pp_group)
-        return box[0]
+        received = box[0]
+        return _log_probs_to(received, self.device) if isinstance(received, TokenLogProbs) else received
 
     # -- TrainingBackend ---------------------------------------------------------------------
 
@@ -418,6 +455,7 @@ class MegatronBackend(MegatronEntry):
         self, batch: TokenBatch, *, with_entropy: bool = False, micro_batch_size: int | None = None
     ) -> TokenLogProbs:
         rows = self._micro_batches(len(batch), micro_batch_size)
+        batch = self._on_device(batch)
 
         def collect(mb, part, logits):
             out = self._token_log_probs(logits, mb, with_entropy)
@@ -461,6 +499,7 @@ class MegatronBackend(MegatronEntry):
         the mini-batch, see ``PolicyLossOutput``).
         """
         rows = self._micro_batches(len(batch), micro_batch_size)
+        batch = self._on_device(batch)
         # Undo Megatron's mean over micro-batches and (for "sum") DDP's mean over DP ranks.
         scale = len(rows) * (self.dp_size if self.dp_grad_reduction == "sum" else 1)
 
@@ -482,7 +521,7 @@ class MegatronBackend(MegatronEntry):
     def gradients(self) -> dict[str, torch.Tensor]:
         """The reduced gradients of the last ``accumulate_gradients``/``train_step`` in ``TinyCausalLM``
         naming (after ``train_step`` they are clipped). A collective over tp and pp."""
-        grads = {name: p.main_grad for name, p in self.model.module.named_parameters()}
+        grads = {canonical_name(name): p.main_grad for name, p in self.gpt.named_parameters()}
         return self._gather(grads)
 
     @torch.no_grad()
@@ -491,7 +530,7 @@ class MegatronBackend(MegatronEntry):
         if self.pp_size > 1:
             raise NotImplementedError("logits() needs --pipeline-model-parallel-size 1")
         self.model.eval()
-        shard = self.model(*self._model_inputs(batch))
+        shard = self._forward(self.model, batch)
         self.model.train()
         if self.tp_size > 1:
             parts = [torch.empty_like(shard) for _ in range(self.tp_size)]
@@ -508,15 +547,15 @@ class MegatronBackend(MegatronEntry):
     def _master_tensors(self) -> dict[str, torch.Tensor]:
         """Every local tensor of the model (``local_tensors`` names, shared tensors under each of
         their names), as the optimizer steps it: a parameter's float32 master when it has one."""
-        params = dict(self.model.module.named_parameters(remove_duplicate=False))
+        params = {canonical_name(name): p for name, p in self.gpt.named_parameters(remove_duplicate=False)}
         return {name: getattr(params.get(name), "main_param", tensor)
-                for name, tensor in local_tensors(self.model.module).items()}
+                for name, tensor in local_tensors(self.gpt).items()}
 
     def _master_params(self) -> dict[str, torch.Tensor]:
         """The tensors the optimizer steps, by local Megatron name: the parameters themselves in
         float32, their float32 master copies (``param.main_param``, set by Megatron's mixed-precision
         optimizer) with ``--bf16``."""
-        return {name: getattr(p, "main_param", p) for name, p in self.model.module.named_parameters()}
+        return {canonical_name(name): getattr(p, "main_param", p) for name, p in self.gpt.named_parameters()}
 
     def _adam_state(self, key: str) -> dict[str, torch.Tensor]:
         """One Adam state tensor per parameter, by local Megatron name (zeros before the first step);
@@ -574,3 +613,10 @@ class MegatronBackend(MegatronEntry):
                         slot[key] = targets[name_of[id(p)]]
                         slot["step"] = torch.tensor(float(state["adam_step"]))
         self.steps = int(state["steps"])
+
+
+def _log_probs_to(out: TokenLogProbs | None, device) -> TokenLogProbs | None:
+    if out is None:
+        return None
+    return TokenLogProbs(log_probs=out.log_probs.to(device),
+                         entropy=None if out.entropy is None else out.entropy.to(device))

@@ -197,12 +197,13 @@ def hf_transformer_config(
 
 
 def build_hf_gpt_model(hf_config, config, *, pre_process: bool = True, post_process: bool = True):
-    """A ``GPTModel`` (local spec) for this rank, shaped like the HF model of ``hf_config``."""
+    """A ``GPTModel`` for this rank, shaped like the HF model of ``hf_config`` (the local spec, or
+    Transformer Engine's on CUDA where it imports: ``layer_specs.layer_spec``)."""
     from megatron.core.models.gpt import GPTModel
-    from relax.backends.megatron.attention import local_layer_spec
+    from relax.backends.megatron.layer_specs import layer_spec
 
     dims = model_dims(hf_config)
-    spec = local_layer_spec(qk_layernorm=dims["qk_norm"], normalization="RMSNorm")
+    spec = layer_spec(qk_layernorm=dims["qk_norm"], normalization="RMSNorm")
     model = GPTModel(
         config,
         spec,
@@ -477,8 +478,9 @@ def _stage_holds(name: str, targets: Mapping[str, torch.Tensor], *, tied: bool) 
 def gather_hf_state(
     local: Mapping[str, torch.Tensor], hf_config, *, tp_group=None, pp_group=None, layer_offset: int = 0
 ) -> dict[str, torch.Tensor]:
-    """The whole model as an HF ``state_dict`` from every rank's Megatron tensors (a collective over
-    the tensor- and pipeline-parallel groups; without groups, ``local`` is the whole model)."""
+    """The whole model as an HF ``state_dict`` on the CPU, from every rank's Megatron tensors (on its
+    device; a collective over the tensor- and pipeline-parallel groups; without groups, ``local`` is
+    the whole model)."""
     import torch.distributed as dist
 
     tp_size = dist.get_world_size(tp_group) if tp_group is not None else 1
@@ -492,7 +494,8 @@ def gather_hf_state(
             parts = [torch.empty_like(tensor) for _ in range(tp_size)]
             dist.all_gather(parts, tensor, group=tp_group)
             tensor = tp_unslice(name, parts)
-        mine[_renumber_layer(name, layer_offset)] = tensor.clone()
+        # whole weights leave the rank as CPU tensors (also what the pipeline stages exchange)
+        mine[_renumber_layer(name, layer_offset)] = tensor.to("cpu", copy=True)
     if pp_group is not None and dist.get_world_size(pp_group) > 1:
         stages: list = [None] * dist.get_world_size(pp_group)
         dist.all_gather_object(stages, mine, group=pp_group)

@@ -121,13 +121,16 @@ def transformer_config(cfg: TinyLMConfig, *, tp_size: int = 1, pp_size: int = 1,
 
 
 def build_gpt_model(cfg: TinyLMConfig, config, *, pre_process: bool = True, post_process: bool = True):
-    """A ``GPTModel`` (local spec, learned absolute positions, tied embeddings) for this rank."""
+    """A ``GPTModel`` (learned absolute positions, tied embeddings) for this rank: the local spec, or
+    Transformer Engine's on CUDA where it imports (``layer_specs.layer_spec``)."""
     from megatron.core.models.gpt import GPTModel
-    from relax.backends.megatron.attention import local_layer_spec
+    from megatron.core.tensor_parallel import ColumnParallelLinear
+
+    from relax.backends.megatron.layer_specs import layer_spec
 
     model = GPTModel(
         config,
-        local_layer_spec(),
+        layer_spec(),
         vocab_size=padded_vocab_size(cfg.vocab_size, config.tensor_model_parallel_size),
         max_sequence_length=cfg.max_seq_len,
         pre_process=pre_process,
@@ -140,7 +143,9 @@ def build_gpt_model(cfg: TinyLMConfig, config, *, pre_process: bool = True, post
         # The MLP's first layer hands its bias back for a fused bias + activation kernel; with the
         # fusion off (exact GELU) the MLP adds it in a pass of its own over the [s, b, 4h]
         # activations. Adding it inside the linear layer instead is one ``addmm`` (same values).
-        layer.mlp.linear_fc1.skip_bias_add = False
+        # (Local spec only: Transformer Engine's layers fix what they return when built.)
+        if isinstance(layer.mlp.linear_fc1, ColumnParallelLinear):
+            layer.mlp.linear_fc1.skip_bias_add = False
     return model
 
 
@@ -222,8 +227,11 @@ def _local_to_global(name: str, layer_offset: int) -> str:
 
 
 def local_tensors(model) -> dict[str, torch.Tensor]:
-    """This rank's parameters by Megatron module name (no ``_extra_state``)."""
-    return {k: v for k, v in model.state_dict().items() if not k.endswith("_extra_state")}
+    """This rank's parameters by Megatron module name as the local spec spells it (no ``_extra_state``;
+    see ``layer_specs.canonical_name``)."""
+    from relax.backends.megatron.layer_specs import canonical_name
+
+    return {canonical_name(k): v for k, v in model.state_dict().items() if not k.endswith("_extra_state")}
 
 
 def shard_full_state(
@@ -249,7 +257,8 @@ def shard_full_state(
 def gather_full_state(
     local: Mapping[str, torch.Tensor], *, tp_group, pp_group, layer_offset: int
 ) -> dict[str, torch.Tensor]:
-    """Whole Megatron tensors from every rank's ``local`` shards (a collective over the tp and pp groups)."""
+    """Whole Megatron tensors, on the CPU, from every rank's ``local`` shards (on the rank's device; a
+    collective over the tp and pp groups)."""
     import torch.distributed as dist
 
     tp_size = dist.get_world_size(tp_group)
@@ -263,7 +272,8 @@ def gather_full_state(
             parts = [torch.empty_like(tensor) for _ in range(tp_size)]
             dist.all_gather(parts, tensor.contiguous(), group=tp_group)
             tensor = torch.cat(parts, dim=dim)
-        mine[_local_to_global(name, layer_offset)] = tensor.clone()
+        # whole weights leave the rank as CPU tensors (also what the pipeline stages exchange)
+        mine[_local_to_global(name, layer_offset)] = tensor.to("cpu", copy=True)
     if dist.get_world_size(pp_group) == 1:
         return mine
     stages: list = [None] * dist.get_world_size(pp_group)

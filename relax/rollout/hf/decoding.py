@@ -179,37 +179,43 @@ class StaticDecoding:
 
     def _capture(self, b: _Bucket) -> None:
         try:
-            b.graph, b.logits = None, None
-            b.ids.fill_(self.pad_id)
-            b.positions.zero_()
-            b.attend.zero_()
-            b.attend[:, 0] = True
-            _write_mask(b)
-            b.cache.reset()
-            self._forward(b)  # allocates the cache (lazily, on its first write) outside the capture
-            # Warm-up on a side stream before capturing, as torch.cuda.graph asks (library handles,
-            # allocator state); the cache writes of these steps are wiped by reset() below.
-            side = torch.cuda.Stream(device=self.device)
-            side.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(side):
-                for _ in range(2):
-                    self._forward(b)
-            torch.cuda.current_stream(self.device).wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                logits = self._forward(b)
-            torch.cuda.synchronize(self.device)
+            with torch.cuda.device(self.device):
+                self._capture_on_device(b)
         except Exception as exc:  # noqa: BLE001 - any failure means: decode without graphs
             raise GraphCaptureError(f"{type(exc).__name__}: {exc}") from exc
-        b.graph, b.logits = graph, logits
         b.weights_at_capture = self._weight_addresses()
+
+    def _capture_on_device(self, b: _Bucket) -> None:
+        b.graph, b.logits = None, None
+        b.ids.fill_(self.pad_id)
+        b.positions.zero_()
+        b.attend.zero_()
+        b.attend[:, 0] = True
+        _write_mask(b)
+        b.cache.reset()
+        self._forward(b)  # allocates the cache (lazily, on its first write) outside the capture
+        # Warm-up on a side stream before capturing, as torch.cuda.graph asks (library handles,
+        # allocator state); the cache writes of these steps are wiped by reset() in begin().
+        side = torch.cuda.Stream(device=self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                self._forward(b)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        # thread_local: other threads of the worker (heartbeats, the data plane) may use CUDA meanwhile
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            logits = self._forward(b)
+        torch.cuda.synchronize(self.device)
+        b.graph, b.logits = graph, logits
 
 
 def _write_mask(b: _Bucket) -> None:
     if b.mask.dtype == torch.bool:
         b.mask[:, 0, 0, :].copy_(b.attend)
     else:
-        b.mask[:, 0, 0, :].copy_(torch.zeros_like(b.mask[:, 0, 0, :]).masked_fill_(~b.attend, torch.finfo(b.mask.dtype).min))
+        additive = torch.zeros_like(b.mask[:, 0, 0, :]).masked_fill_(~b.attend, torch.finfo(b.mask.dtype).min)
+        b.mask[:, 0, 0, :].copy_(additive)
 
 
 def _round_up(value: int, multiple: int) -> int:

@@ -139,6 +139,11 @@ class HFEngine(GenerationEngine):
     token for the whole batch. A row stops after its first stop token (EOS or another id of
     ``tokenizer.stop_ids``), which is kept in the response and masked in; later columns are padding
     (``pad_id``, mask false, log-prob 0). The loop ends early once every row has stopped.
+
+    The model runs on ``device`` (default: where it is); the returned tensors are on the CPU.
+    ``decoding`` picks how the forward passes run (``relax.rollout.hf.decoding``): by default a
+    static cache with the decode step replayed as a CUDA graph on CUDA, the dynamic cache elsewhere;
+    the sampling and its log-probs are the same code either way.
     """
 
     def __init__(

@@ -47,6 +47,10 @@ def test_static_cache_gives_the_dynamic_cache_tokens_and_log_probs(checkpoints, 
         assert lengths.min() < lengths.max()  # rows stopped at different steps
         assert_same_generation(a, b, atol=2e-5)
         assert (b.log_probs[b.batch.response_mask] < 0).all() or params.temperature == 0
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    assert ALL_ATTENTION_FUNCTIONS["sdpa"] is sdpa_attention_forward  # the decode step's override is undone
 
 
 def test_static_cache_with_eager_attention(checkpoints):

@@ -2,13 +2,18 @@
 
     python benchmarks/hf_rollout.py                      # random Qwen3-style model built on the fly
     python benchmarks/hf_rollout.py --checkpoint DIR     # any local HF checkpoint (GPU if available)
+    python benchmarks/hf_rollout.py --preset qwen2-0.5b --dtype bfloat16 --batch 64 --max-new-tokens 128
+                                                         # a random Qwen2-0.5B-shaped model (on a GPU)
     python benchmarks/hf_rollout.py --smoke              # a tiny model, one repeat: for the test suite
 
 Both sample at temperature 1 / top-p 1 from the same prompts and stop on EOS; throughput counts
 generated (unmasked) tokens per second, best of ``--repeats`` interleaved runs. ``model.generate`` is
 timed twice: plain (no scores) and with ``output_scores=True`` -- what it needs to return the
 sampling log-probs that ``HFEngine`` always returns. The ratio ``HFEngine / generate`` is the number
-to watch (target >= 1).
+to watch (target >= 1 on the CPU, >= 3 on a GPU, where the engine replays its decode step as a CUDA
+graph). ``hf_engine`` is the engine as a run builds it on the device (``decoding`` names its path);
+where that is not the dynamic cache, ``hf_engine_dynamic`` times the dynamic-cache path as well, and
+``hf_engine_first_call_s`` is the first call's time (on CUDA it includes capturing the graph).
 
     python benchmarks/hf_rollout.py --train-steps 20     # + where a relax train step spends its time
 
@@ -31,6 +36,7 @@ import torch
 from relax.rollout.base import SamplingParams
 from relax.models.hf import load_hf_model, load_hf_tokenizer
 from relax.rollout.hf import HFEngine
+from relax.rollout.hf.engine import DECODINGS
 
 
 def build_random_checkpoint(directory: Path, hidden: int, layers: int, vocab: int) -> Path:
@@ -58,8 +64,28 @@ def build_random_checkpoint(directory: Path, hidden: int, layers: int, vocab: in
     return directory
 
 
+QWEN2_05B = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                 num_key_value_heads=2, vocab_size=151936, max_position_embeddings=4096, tie_word_embeddings=True)
+
+
+def build_qwen2_05b_checkpoint(directory: Path, device: str) -> Path:
+    """A random model of Qwen2-0.5B's shape (494M parameters), initialised on ``device`` (seconds on a
+    GPU, ~40 s on 16 CPU cores), with the tests' tiny word-level tokenizer."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "hf"))
+    from tiny_checkpoints import build_tokenizer
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    build_tokenizer(directory)
+    config = Qwen2Config(**QWEN2_05B, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    model.save_pretrained(str(directory))
+    return directory
+
+
 def time_engine(engine, prompts, params, seed) -> tuple[float, int]:
-    gen = torch.Generator(device=engine.device).manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)  # a CPU generator, as the rollout worker's
     _sync(engine.device)
     t0 = time.perf_counter()
     out = engine.generate(prompts, params, gen)
@@ -175,6 +201,12 @@ def _sync(device) -> None:
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--checkpoint", help="local HF checkpoint (default: a random Qwen3-style model)")
+    parser.add_argument("--preset", choices=["qwen2-0.5b"],
+                        help="a random checkpoint of this shape instead of --hidden/--layers/--vocab")
+    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                        help="where the model runs (auto: cuda when available)")
+    parser.add_argument("--decoding", choices=list(DECODINGS), default="auto",
+                        help="the engine's decoding path (auto: CUDA graphs on CUDA, the dynamic cache on the CPU)")
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--vocab", type=int, default=4096)
@@ -193,16 +225,22 @@ def main(argv=None) -> dict:
         args.hidden, args.layers, args.vocab, args.repeats = 64, 1, 512, 1
         args.batch, args.prompt_len, args.max_new_tokens = 2, 4, 4
     torch.set_num_threads(args.threads)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: torch sees no CUDA device here")
     with tempfile.TemporaryDirectory() as tmp:
-        path = (
-            Path(args.checkpoint)
-            if args.checkpoint
-            else build_random_checkpoint(Path(tmp), args.hidden, args.layers, args.vocab)
-        )
+        if args.checkpoint:
+            path = Path(args.checkpoint)
+        elif args.preset == "qwen2-0.5b":
+            path = build_qwen2_05b_checkpoint(Path(tmp), device)
+        else:
+            path = build_random_checkpoint(Path(tmp), args.hidden, args.layers, args.vocab)
         model = load_hf_model(path, dtype=args.dtype, device=device)
         tok = load_hf_tokenizer(path)
-    engine = HFEngine(model, tok, device=device)
+    engine = HFEngine(model, tok, device=device, decoding=args.decoding)  # auto: what a run gets here
+    engines = {"hf_engine": engine}
+    if engine.decoding != "dynamic cache":  # the path the engine had before, for comparison
+        engines["hf_engine_dynamic"] = HFEngine(model, tok, device=device, decoding="dynamic")
     g = torch.Generator().manual_seed(0)
     vocab = min(model.config.vocab_size, tok.vocab_size)
     lengths = torch.randint(args.prompt_len // 2, args.prompt_len + 1, (args.batch,), generator=g)
@@ -211,14 +249,16 @@ def main(argv=None) -> dict:
     ]
     params = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=args.max_new_tokens)
 
-    time_engine(engine, prompts, params, 0)  # warm-up (allocator, kernels)
+    first_call_s = time_engine(engine, prompts, params, 0)[0]  # warm-up (allocator, kernels, graph capture)
+    for other in list(engines.values())[1:]:
+        time_engine(other, prompts, params, 0)
     time_generate(model, tok, prompts, params, 0, with_scores=False)
-    best = {"hf_engine": 0.0, "generate": 0.0, "generate_with_scores": 0.0}
+    best = {name: 0.0 for name in engines} | {"generate": 0.0, "generate_with_scores": 0.0}
     per_repeat: list[dict[str, float]] = []
-    for r in range(args.repeats):  # interleaved, so machine load hits all three alike
+    for r in range(args.repeats):  # interleaved, so machine load hits all alike
         per_repeat.append({})
         for name, fn in (
-            ("hf_engine", lambda r=r: time_engine(engine, prompts, params, r)),
+            *((name, lambda r=r, e=e: time_engine(e, prompts, params, r)) for name, e in engines.items()),
             ("generate", lambda r=r: time_generate(model, tok, prompts, params, r, with_scores=False)),
             (
                 "generate_with_scores",
@@ -230,13 +270,19 @@ def main(argv=None) -> dict:
             per_repeat[-1][name] = tokens / seconds
     result = {
         "device": device,
-        "model": str(args.checkpoint or f"random qwen3 h{args.hidden} L{args.layers} V{args.vocab}"),
+        "model": str(args.checkpoint or (f"random {args.preset}" if args.preset
+                                         else f"random qwen3 h{args.hidden} L{args.layers} V{args.vocab}")),
+        "dtype": args.dtype,
         "params": sum(p.numel() for p in model.parameters()),
         "batch": args.batch,
         "max_new_tokens": args.max_new_tokens,
+        "decoding": engine.decoding,
+        "hf_engine_first_call_s": round(first_call_s, 3),
         "tokens_per_s": {k: round(v, 1) for k, v in best.items()},
         "ratio_vs_generate": round(best["hf_engine"] / best["generate"], 3),
         "ratio_vs_generate_with_scores": round(best["hf_engine"] / best["generate_with_scores"], 3),
+        **({"ratio_vs_dynamic": round(best["hf_engine"] / best["hf_engine_dynamic"], 3)}
+           if "hf_engine_dynamic" in best else {}),
         # Median over repeats of the ratio within one repeat: robust to load that drifts between repeats.
         "paired_ratio_median_vs_generate": round(
             statistics.median(x["hf_engine"] / x["generate"] for x in per_repeat), 3

@@ -376,6 +376,11 @@ class RunConfig:
         "a sample passes (eval/pass@k) when its pass component is >= this; the pass component is "
         "--reward-key if given, else 'correct' if it is a reward key, else the first --reward-keys entry",
         group="evaluation", check=FINITE))
+    # -- the vLLM engine on a GPU (relax.rollout.vllm.factory) --
+    rollout_gpu_memory_utilization: float | None = attrs.field(default=None, metadata=flag(
+        "share of its GPU's memory the vllm engine may take (weights, activations, KV cache); default 0.5 "
+        "when the rollout worker shares its GPU with an actor rank, 0.9 with a GPU of its own",
+        group="placement and backends", check=Range(gt=0, le=1), metavar="FRACTION"))
 
     def total_optimizer_steps(self) -> int:
         """``total_optimizer_steps(self)`` (what the learning-rate schedule decays over)."""

@@ -15,6 +15,10 @@ ENGINE_SAMPLING_FLAGS = {
     "rollout_min_p": ("--rollout-min-p", ("vllm",)),
     "rollout_stop": ("--rollout-stop", ("vllm",)),
 }
+# Other settings only some engines have: RunConfig field -> (flag, engines that read it).
+ENGINE_ONLY_FLAGS = {
+    "rollout_gpu_memory_utilization": ("--rollout-gpu-memory-utilization", ("vllm",)),
+}
 
 
 def engine_name(config) -> str:
@@ -57,6 +61,13 @@ def config_errors(config) -> list[str]:
                 f"{flag} {_shown(value)} is a sampling setting of the {' / '.join(engines)} engine only; the "
                 f"{name} engine would ignore it: add --rollout-engine {engines[0]} (with --hf-checkpoint) or "
                 f"drop {flag}"
+            )
+    for field, (flag, engines) in ENGINE_ONLY_FLAGS.items():
+        value = getattr(config, field)
+        if value is not None and name not in engines:
+            errors.append(
+                f"{flag} {_shown(value)} is a setting of the {' / '.join(engines)} engine only; the {name} "
+                f"engine has no use for it: add --rollout-engine {engines[0]} (with --hf-checkpoint) or drop {flag}"
             )
     if any(not text for text in config.rollout_stop):
         errors.append("--rollout-stop: a stop string must not be empty")

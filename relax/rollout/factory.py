@@ -38,7 +38,8 @@ def reward_setup(config: RunConfig):
 
 def build_engine(config: RunConfig):
     """The rollout's generation engine (it owns a copy of the policy weights): ``--rollout-engine``
-    (``relax.rollout.engines``)."""
+    (``relax.rollout.engines``). It runs on the worker's GPU when Ray gave the worker one (a worker
+    without a GPU sees none and stays on the CPU); what it returns is on the CPU."""
     from relax.rollout.engines import engine_name
 
     if engine_name(config) == "vllm":
@@ -49,9 +50,10 @@ def build_engine(config: RunConfig):
         from relax.rollout.hf.factory import hf_engine_from_config
 
         return hf_engine_from_config(config)
+    from relax.models.factory import default_device
     from relax.rollout.tasks import get_task
 
-    return get_task(config.task).make_engine()
+    return get_task(config.task).make_engine().to(default_device())  # the worker's GPU, if it has one
 
 
 def build_prompt_source(config: RunConfig, tokenizer):

@@ -29,11 +29,11 @@ SCRIPTS = {
 }
 
 
-def smoke(name: str, monkeypatch):
-    """Load the benchmark script ``SCRIPTS[name]`` as a module and run its ``main(["--smoke"])``."""
+def smoke(name: str, monkeypatch, *extra: str):
+    """Load the benchmark script ``SCRIPTS[name]`` as a module and run its ``main(["--smoke", *extra])``."""
     monkeypatch.syspath_prepend(str(BENCHMARKS))  # the scripts import each other (bare_loop)
     module = runpy.run_path(str(ROOT / SCRIPTS[name]), run_name=f"benchmark_{name}")
-    return module["main"](["--smoke"])
+    return module["main"](["--smoke", *extra])
 
 
 def test_every_benchmark_has_a_smoke_test():
@@ -74,8 +74,13 @@ def test_gpu(monkeypatch):
 def test_hf_rollout(monkeypatch):
     pytest.importorskip("transformers")
     result = smoke("hf_rollout", monkeypatch)
+    assert result["decoding"] == "dynamic cache"  # the CPU default
     assert set(result["tokens_per_s"]) == {"hf_engine", "generate", "generate_with_scores"}
     assert all(v > 0 for v in result["tokens_per_s"].values())
+    # the static-cache path (what CUDA graphs replay on a GPU) is timed against the dynamic one
+    result = smoke("hf_rollout", monkeypatch, "--decoding", "static")
+    assert result["decoding"] == "static cache" and result["ratio_vs_dynamic"] > 0
+    assert set(result["tokens_per_s"]) == {"hf_engine", "hf_engine_dynamic", "generate", "generate_with_scores"}
 
 
 @pytest.mark.timeout(300)

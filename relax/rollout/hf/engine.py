@@ -15,6 +15,7 @@ scores the full distribution.
 from __future__ import annotations
 
 import inspect
+import warnings
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -22,6 +23,14 @@ import torch
 from relax.models.batch import TokenBatch
 from relax.models.hf.loading import HFTokenizer, load_hf_state_dict
 from relax.rollout.base import Generation, GenerationEngine, SamplingParams
+from relax.rollout.hf.decoding import (
+    DynamicDecoding,
+    GraphCaptureError,
+    StaticDecoding,
+    static_decoding_unsupported,
+)
+
+DECODINGS = ("auto", "dynamic", "static", "cuda-graphs")
 
 
 def left_pad(prompt_ids: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -100,6 +109,29 @@ class _CacheCall:
         return out.logits, new_cache
 
 
+def choose_tokens(
+    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The next token of every row from its logits ``[N, V]``, and the log-probs ``[N, V]`` of the
+    distribution it was drawn from (temperature, then the top-p nucleus; greedy: a point mass, 0)."""
+    if params.temperature == 0:  # greedy: the sampled distribution is a point mass (log-prob 0)
+        chosen = logits.argmax(dim=-1)
+        return chosen, torch.zeros(logits.shape[0], logits.shape[-1], device=logits.device)
+    scaled = logits.float() / params.temperature
+    step_log_probs = torch.log_softmax(top_p_filter(scaled, params.top_p), dim=-1)
+    return sample_categorical(step_log_probs, generator), step_log_probs
+
+
+_said: set[str] = set()
+
+
+def _say_once(message: str) -> None:
+    """A fallback the user should know about, once per process (rollout workers print to the run's console)."""
+    if message not in _said:
+        _said.add(message)
+        warnings.warn(f"relax: {message}", RuntimeWarning, stacklevel=3)
+
+
 class HFEngine(GenerationEngine):
     """Generation from any ``transformers`` causal LM (the rollout side of ``--hf-checkpoint``).
 
@@ -107,10 +139,20 @@ class HFEngine(GenerationEngine):
     token for the whole batch. A row stops after its first stop token (EOS or another id of
     ``tokenizer.stop_ids``), which is kept in the response and masked in; later columns are padding
     (``pad_id``, mask false, log-prob 0). The loop ends early once every row has stopped.
+
+    The model runs on ``device`` (default: where it is); the returned tensors are on the CPU.
+    ``decoding`` picks how the forward passes run (``relax.rollout.hf.decoding``): by default a
+    static cache with the decode step replayed as a CUDA graph on CUDA, the dynamic cache elsewhere;
+    the sampling and its log-probs are the same code either way.
     """
 
     def __init__(
-        self, model: torch.nn.Module, tokenizer: HFTokenizer, *, device: str | torch.device | None = None
+        self,
+        model: torch.nn.Module,
+        tokenizer: HFTokenizer,
+        *,
+        device: str | torch.device | None = None,
+        decoding: str = "auto",
     ):
         self.model = model.eval()
         self.tokenizer = tokenizer
@@ -118,14 +160,48 @@ class HFEngine(GenerationEngine):
         self.model.to(self.device)
         self._call = _CacheCall(model)
         self._stop_ids = torch.tensor(tokenizer.stop_ids, dtype=torch.long, device=self.device)
+        self._decoding = self._make_decoding(decoding)
+
+    @property
+    def decoding(self) -> str:
+        """How the model runs: "dynamic cache", "static cache" or "static cache + CUDA graphs"."""
+        return self._decoding.name
+
+    def _make_decoding(self, choice: str):
+        """``choice``: "auto" (CUDA graphs on CUDA, else the dynamic cache), "dynamic", "static"
+        (eager steps over a static cache: the CUDA-graph path without the capture) or "cuda-graphs"."""
+        if choice not in DECODINGS:
+            raise ValueError(f"decoding must be one of {', '.join(DECODINGS)}, got {choice!r}")
+        if choice == "auto":
+            choice = "cuda-graphs" if self.device.type == "cuda" else "dynamic"
+        if choice == "dynamic":
+            return DynamicDecoding(self.model, self._call)
+        why_not = static_decoding_unsupported(self.model)
+        if choice == "cuda-graphs" and self.device.type != "cuda":
+            why_not = f"CUDA graphs need a CUDA device, the model is on {self.device}"
+        if why_not is not None:
+            _say_once(f"the transformers engine decodes without a static cache / CUDA graphs: {why_not}")
+            return DynamicDecoding(self.model, self._call)
+        return StaticDecoding(self.model, self._call, pad_id=self.tokenizer.pad_id,
+                              cuda_graphs=choice == "cuda-graphs")
 
     @torch.inference_mode()
     def generate(
         self, prompt_ids: list[list[int]], params: SamplingParams, generator: torch.Generator | None = None
     ) -> Generation:
         check_sampling_params(params)
+        prompt, prompt_mask = left_pad(prompt_ids, self.tokenizer.pad_id)
+        try:
+            self._decoding.begin(prompt.shape[0], prompt.shape[1], params.max_new_tokens)
+        except GraphCaptureError as exc:  # before any sampling: the generator has not moved
+            _say_once(f"the transformers engine could not capture its decode step as a CUDA graph ({exc}); "
+                      "it decodes eagerly with a dynamic cache from now on")
+            self._decoding = DynamicDecoding(self.model, self._call)
+            self._decoding.begin(prompt.shape[0], prompt.shape[1], params.max_new_tokens)
+        return self._sample(prompt, prompt_mask, params, generator)
+
+    def _sample(self, prompt, prompt_mask, params: SamplingParams, generator) -> Generation:
         pad_id = self.tokenizer.pad_id
-        prompt, prompt_mask = left_pad(prompt_ids, pad_id)
         n = prompt.shape[0]
         dev = self.device
 
@@ -140,22 +216,9 @@ class HFEngine(GenerationEngine):
         alive = torch.ones(n, dtype=torch.bool, device=dev)  # has not emitted a stop token yet
         response_mask = torch.zeros((n, params.max_new_tokens), dtype=torch.bool, device=dev)
 
-        logits, cache = self._call(
-            self.model,
-            None,
-            input_ids=prompt.to(dev),
-            attention_mask=attention[:, :width],
-            position_ids=positions,
-            logits_to_keep=1,
-        )
+        logits = self._decoding.prefill(prompt.to(dev), attention[:, :width], positions)
         for t in range(params.max_new_tokens):
-            if params.temperature == 0:  # greedy: the sampled distribution is a point mass (log-prob 0)
-                chosen = logits[:, -1, :].argmax(dim=-1)
-                step_log_probs = torch.zeros(logits.shape[0], logits.shape[-1], device=dev)
-            else:
-                scaled = logits[:, -1, :].float() / params.temperature
-                step_log_probs = torch.log_softmax(top_p_filter(scaled, params.top_p), dim=-1)
-                chosen = sample_categorical(step_log_probs, generator)
+            chosen, step_log_probs = choose_tokens(logits, params, generator)
             chosen = torch.where(alive, chosen, torch.full_like(chosen, pad_id))
             tokens[:, t] = chosen
             response_mask[:, t] = alive
@@ -165,13 +228,7 @@ class HFEngine(GenerationEngine):
                 break
             # Stopped rows keep feeding padding that nothing attends to (mask false).
             attention[:, width + t] = response_mask[:, t]
-            logits, cache = self._call(
-                self.model,
-                cache,
-                input_ids=chosen[:, None],
-                attention_mask=attention[:, : width + t + 1],
-                position_ids=(next_position + t)[:, None],
-            )
+            logits = self._decoding.step(chosen, attention[:, : width + t + 1], next_position + t)
         longest = max(int(response_mask.sum(dim=1).max()), 1)
         batch = TokenBatch(
             prompt_ids=prompt,

@@ -50,10 +50,29 @@ def sampling_log_probs(logits: torch.Tensor, temperature: float, top_p: float) -
     return torch.log_softmax(log_probs.masked_fill(drop, float("-inf")), dim=-1)
 
 
+def _draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One token per row of ``probs``. A generator on another device (the rollout worker's CPU
+    generator, whose state is checkpointed, with a model on a GPU) draws on its own device."""
+    if generator is not None and generator.device != probs.device:
+        return torch.multinomial(probs.to(generator.device), 1, generator=generator).squeeze(1).to(probs.device)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(1)
+
+
 class TinyEngine(GenerationEngine):
+    """Runs on its model's device (``to`` moves it: the rollout worker's GPU, when it has one); the
+    tensors it returns are on the CPU, for the data plane."""
+
     def __init__(self, model: TinyCausalLM, tokenizer: TinyTokenizer | None = None):
         self.model = model.eval()
         self.tokenizer = tokenizer if tokenizer is not None else TinyTokenizer()
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def to(self, device: str | torch.device) -> TinyEngine:
+        self.model.to(device)
+        return self
 
     @torch.inference_mode()
     def generate(
@@ -68,21 +87,22 @@ class TinyEngine(GenerationEngine):
         pad, eos = self.tokenizer.pad_id, self.tokenizer.eos_id
         ids, prompt_mask = left_pad(prompt_ids, pad)
         n, width = ids.shape
-        cache = KVCache(self.model.config, n, width + params.max_new_tokens)
-        positions = (prompt_mask.long().cumsum(1) - 1).clamp(min=0)
-        logits, _ = self.model(ids, prompt_mask, positions, kv_cache=cache)
+        dev = self.device
+        cache = KVCache(self.model.config, n, width + params.max_new_tokens, device=dev)
+        positions = (prompt_mask.long().cumsum(1) - 1).clamp(min=0).to(dev)
+        logits, _ = self.model(ids.to(dev), prompt_mask.to(dev), positions, kv_cache=cache)
         next_logits, next_pos = logits[:, -1], positions[:, -1] + 1
 
         tokens, masks, token_lps = [], [], []
-        mask_so_far = prompt_mask
-        done = torch.zeros(n, dtype=torch.bool)
+        mask_so_far = prompt_mask.to(dev)
+        done = torch.zeros(n, dtype=torch.bool, device=dev)
         for _ in range(params.max_new_tokens):
             if params.temperature == 0:  # greedy: the sampled distribution is a point mass
                 token = next_logits.argmax(dim=-1)
                 lp = torch.full_like(next_logits, float("-inf")).scatter(1, token[:, None], 0.0)
             else:
                 lp = sampling_log_probs(next_logits, params.temperature, params.top_p)
-                token = torch.multinomial(lp.exp(), 1, generator=generator).squeeze(1)
+                token = _draw(lp.exp(), generator)
             live = ~done
             token = torch.where(live, token, torch.full_like(token, pad))
             tokens.append(token)
@@ -98,10 +118,10 @@ class TinyEngine(GenerationEngine):
         batch = TokenBatch(
             prompt_ids=ids,
             prompt_mask=prompt_mask,
-            response_ids=torch.stack(tokens, dim=1),
-            response_mask=torch.stack(masks, dim=1),
+            response_ids=torch.stack(tokens, dim=1).cpu(),
+            response_mask=torch.stack(masks, dim=1).cpu(),
         )
-        return Generation(batch=batch, log_probs=torch.stack(token_lps, dim=1).float())
+        return Generation(batch=batch, log_probs=torch.stack(token_lps, dim=1).float().cpu())
 
     def load_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
         self.model.load_state_dict(dict(weights), strict=True)

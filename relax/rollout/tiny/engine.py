@@ -17,6 +17,7 @@ from collections.abc import Mapping
 import torch
 
 from relax.models.batch import TokenBatch
+from relax.models.sampled_distribution import Truncation, dropped_tokens
 from relax.models.tiny.model import KVCache, TinyCausalLM
 from relax.models.tiny.tokenizer import TinyTokenizer
 from relax.rollout.base import Generation, GenerationEngine, SamplingParams
@@ -40,13 +41,12 @@ def sampling_log_probs(logits: torch.Tensor, temperature: float, top_p: float) -
 
     The nucleus is the smallest set of most likely tokens whose mass reaches ``top_p`` (the most
     likely token is always kept)."""
-    log_probs = torch.log_softmax(logits.float() / temperature, dim=-1)
+    scores = logits.float() / temperature
+    log_probs = torch.log_softmax(scores, dim=-1)
     if top_p >= 1.0:
         return log_probs
-    sorted_lp, order = log_probs.sort(dim=-1, descending=True)
-    mass_before = sorted_lp.exp().cumsum(dim=-1) - sorted_lp.exp()
-    drop_sorted = mass_before >= top_p  # mass already reached before this token
-    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+    # the kept-set rule the trainer replays (relax.models.sampled_distribution), ties included
+    drop = dropped_tokens(scores, Truncation(top_p=top_p))
     return torch.log_softmax(log_probs.masked_fill(drop, float("-inf")), dim=-1)
 
 

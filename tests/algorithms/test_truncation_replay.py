@@ -190,3 +190,27 @@ def test_the_trainer_reproduces_the_tiny_engines_top_p_log_probs(packed):
         logits = model(batch.input_ids, batch.attention_mask, batch.position_ids)
     direct = response_log_probs(logits, batch, with_entropy=False, temperature=0.8, truncation=Truncation(top_p=0.7))
     assert float((direct.log_probs - gen.log_probs).abs()[mask].max()) < 1e-5
+
+
+# -- the switch's rule --------------------------------------------------------------------------------
+
+
+def test_the_full_vocabulary_switch_warns_when_sampling_truncates_nothing():
+    from relax.algorithms import AlgorithmConfig, get_algorithm
+    from relax.config.run import RunConfig
+    from relax.runtime.no_op_rules import check_no_op
+
+    def warnings_of(**run):
+        errors, warnings = [], []
+        config = RunConfig(algorithm=AlgorithmConfig(full_vocabulary_log_probs=True), **run)
+        check_no_op(config, get_algorithm("grpo"), "grpo", errors, warnings)
+        assert errors == []
+        return warnings
+
+    assert any("--full-vocabulary-log-probs has no effect" in w for w in warnings_of())
+    for truncating in (dict(rollout_top_p=0.9), dict(rollout_top_k=5), dict(rollout_min_p=0.1)):
+        assert not any("--full-vocabulary-log-probs" in w for w in warnings_of(**truncating))
+        assert Truncation.of_run(RunConfig(**truncating)) is not None
+        assert Truncation.of_run(RunConfig(algorithm=AlgorithmConfig(full_vocabulary_log_probs=True),
+                                           **truncating)) is None
+    assert Truncation.of_run(RunConfig()) is None

@@ -51,11 +51,30 @@ class Truncation:
         return truncation if truncation.truncates else None
 
 
+# Positions decided at once: top-p's sort holds a few temporaries of the chunk's size (sorted scores, int64
+# indices, probabilities, their cumulative sum), so 2**26 elements keep them near 1 GiB at any vocabulary
+# (a 152k vocabulary: 441 positions a chunk) instead of growing with the batch.
+_CHUNK_ELEMENTS = 2**26
+
+
 @torch.no_grad()
 def dropped_tokens(scores: torch.Tensor, truncation: Truncation, sampled: torch.Tensor | None = None) -> torch.Tensor:
     """bool ``[..., V]``: the tokens outside the kept set of ``scores`` (temperature already applied).
 
     ``sampled`` (``[...]`` token ids): tokens that stay whatever the rule says (step 4 above)."""
+    vocab = scores.shape[-1]
+    flat = scores.reshape(-1, vocab)
+    flat_sampled = None if sampled is None else sampled.reshape(-1)
+    rows = max(1, _CHUNK_ELEMENTS // max(vocab, 1))
+    drop = torch.zeros(flat.shape, dtype=torch.bool, device=scores.device)
+    for start in range(0, flat.shape[0], rows):
+        chunk = slice(start, start + rows)
+        drop[chunk] = _dropped_rows(flat[chunk], truncation, None if flat_sampled is None else flat_sampled[chunk])
+    return drop.reshape(scores.shape)
+
+
+def _dropped_rows(scores: torch.Tensor, truncation: Truncation, sampled: torch.Tensor | None) -> torch.Tensor:
+    """``dropped_tokens`` of ``[R, V]`` rows."""
     scores = scores.float()
     drop = torch.zeros(scores.shape, dtype=torch.bool, device=scores.device)
     if truncation.min_p > 0.0:

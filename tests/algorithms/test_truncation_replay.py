@@ -214,3 +214,16 @@ def test_the_full_vocabulary_switch_warns_when_sampling_truncates_nothing():
         assert Truncation.of_run(RunConfig(algorithm=AlgorithmConfig(full_vocabulary_log_probs=True),
                                            **truncating)) is None
     assert Truncation.of_run(RunConfig()) is None
+
+
+def test_positions_decided_in_chunks_give_the_same_kept_sets(monkeypatch):
+    import relax.models.sampled_distribution as sampled_distribution
+
+    g = torch.Generator().manual_seed(3)
+    scores, tokens = torch.randn(3, 50, 300, generator=g), torch.randint(0, 300, (3, 50), generator=g)
+    rule = Truncation(top_k=7, min_p=0.01, top_p=0.9)
+    whole = dropped_tokens(scores, rule, tokens)
+    monkeypatch.setattr(sampled_distribution, "_CHUNK_ELEMENTS", 7 * 300 + 5)  # 7 positions a chunk, 22 chunks
+    assert torch.equal(dropped_tokens(scores, rule, tokens), whole)
+    assert 0 < int(whole.sum()) < whole.numel()
+    assert dropped_tokens(torch.zeros(0, 5, 9), rule).shape == (0, 5, 9)

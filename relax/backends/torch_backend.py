@@ -88,7 +88,8 @@ class TorchBackend(TrainingBackend):
     """One data-parallel rank: a model, AdamW, gradient clipping, optional gradient all-reduce.
 
     ``temperature`` divides the logits before the softmax, to match a rollout that sampled at that
-    temperature (1.0 for the default recipe); ``truncation`` restricts it to the rollout's kept set. ``clip_grad`` <= 0 or None disables clipping; the
+    temperature (1.0 for the default recipe); ``truncation`` restricts it to the rollout's kept set
+    (``relax.models.sampled_distribution``). ``clip_grad`` <= 0 or None disables clipping; the
     pre-clip ``grad_norm`` is reported either way. With ``value_head`` the model is a
     ``ValueModel`` and the loss receives ``TokenValues`` instead of log-probs (PPO's critic).
 
@@ -129,7 +130,8 @@ class TorchBackend(TrainingBackend):
             model = wrap_with_lora(model, rank=config.lora_rank, alpha=config.lora_alpha,
                                    dropout=config.lora_dropout, target_modules=config.lora_target_modules)
         return cls(model, clip_grad=config.clip_grad, temperature=config.rollout_temperature,
-                   truncation=Truncation.of_run(config), process_group=process_group, forward_logits=forward_logits_fn(config),
+                   truncation=Truncation.of_run(config), process_group=process_group,
+                   forward_logits=forward_logits_fn(config),
                    max_tokens_per_micro_batch=config.max_tokens_per_micro_batch, **_options(config, optim.lr_schedule(config)))
 
     @classmethod

@@ -138,6 +138,7 @@ class AlgorithmConfig:
         "--rollout-top-k / --rollout-min-p truncate sampling (default: the trainer replays the sampling's "
         "kept set and renormalizes, so that on-policy importance weights are 1; docs/en/algorithms.md)",
         group="sampling"))
+
     def __attrs_post_init__(self):
         if isinstance(self.n_samples_per_prompt, bool) or not isinstance(self.n_samples_per_prompt, int):
             raise TypeError(f"n_samples_per_prompt must be an int, got {self.n_samples_per_prompt!r}")

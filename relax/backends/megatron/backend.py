@@ -27,7 +27,11 @@ from relax.backends import optim
 from relax.backends.base import LossFn, TokenBatch, TokenLogProbs
 from relax.backends.megatron import MegatronEntry, _cpu_compat
 from relax.backends.megatron.families import ModelFamily, TinyFamily, family_of
-from relax.backends.megatron.logprobs import vocab_parallel_entropy, vocab_parallel_log_probs, vocab_parallel_truncate
+from relax.backends.megatron.logprobs import (
+    vocab_parallel_entropy,
+    vocab_parallel_log_probs,
+    vocab_parallel_truncate,
+)
 from relax.backends.megatron.model import local_tensors, mask_padded_vocab
 from relax.models.sampled_distribution import Truncation
 from relax.models.tiny.model import TinyLMConfig

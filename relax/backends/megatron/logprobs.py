@@ -46,7 +46,8 @@ def vocab_parallel_entropy(logits: torch.Tensor) -> torch.Tensor:
     return sum_exp.log() - sum_exp_shifted / sum_exp
 
 
-def vocab_parallel_truncate(logits: torch.Tensor, truncation: Truncation | None, targets: torch.Tensor) -> torch.Tensor:
+def vocab_parallel_truncate(logits: torch.Tensor, truncation: Truncation | None,
+                            targets: torch.Tensor) -> torch.Tensor:
     """``logits`` ``[..., V/tp]`` with the tokens outside the sampling's kept set
     (``relax.models.sampled_distribution``) at the most negative finite float, so that
     ``vocab_parallel_log_probs`` / ``vocab_parallel_entropy`` score the truncated, renormalized

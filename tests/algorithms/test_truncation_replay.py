@@ -227,3 +227,12 @@ def test_positions_decided_in_chunks_give_the_same_kept_sets(monkeypatch):
     assert torch.equal(dropped_tokens(scores, rule, tokens), whole)
     assert 0 < int(whole.sum()) < whole.numel()
     assert dropped_tokens(torch.zeros(0, 5, 9), rule).shape == (0, 5, 9)
+
+
+def test_the_tiny_engine_samples_with_top_k_and_min_p():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.04, 0.16]]))
+    kept = lambda **rule: torch.isfinite(sampling_log_probs(logits, 1.0, **rule))[0].tolist()  # noqa: E731
+    assert kept(top_p=1.0, top_k=2) == [True, True, False, False]
+    assert kept(top_p=1.0, min_p=0.1) == [True, True, False, True]  # 0.04 < 0.1 * 0.5
+    assert kept(top_p=0.7, top_k=3, min_p=0.1) == [True, True, False, False]  # (0.5 + 0.3) / 0.96 reaches 0.7
+    assert torch.equal(sampling_log_probs(logits, 1.0, 1.0, 0, 0.0), torch.log_softmax(logits, dim=-1))

@@ -49,6 +49,22 @@ def test_on_policy_weights_are_one_under_top_p_from_the_command_line(tmp_path):
     assert first["off_policy/capped_share"] == 0.0
 
 
+@pytest.mark.parametrize("sampling", [dict(rollout_top_k=5), dict(rollout_min_p=0.1)], ids=["top_k", "min_p"])
+def test_on_policy_weights_are_one_under_top_k_and_min_p(tmp_path, sampling):
+    def first(name, **algorithm):
+        run(RunConfig(advantage_estimator="grpo", num_rollout=1, output_dir=str(tmp_path / name),
+                      algorithm=AlgorithmConfig(n_samples_per_prompt=4, off_policy_correction="tis", **algorithm),
+                      **{**COMMON, "rollout_top_p": 1.0, **sampling}))
+        return training_rows(tmp_path / name)[0]
+
+    replayed, full = first("replayed"), first("full", full_vocabulary_log_probs=True)
+    assert replayed["actor/off_policy_weight"] == pytest.approx(1.0, abs=1e-3)
+    assert replayed["rollout/logprob_abs_diff"] < 1e-4
+    assert replayed["off_policy/weight_max"] == pytest.approx(1.0, abs=1e-3)
+    # the same samples scored on the whole vocabulary: the truncation was real
+    assert full["actor/off_policy_weight"] < 0.99 and full["rollout/logprob_abs_diff"] > 1e-2
+
+
 def test_full_vocabulary_scores_give_each_token_its_kept_mass(tmp_path):
     first = _run(tmp_path, "full", off_policy_correction="tis", full_vocabulary_log_probs=True)[0]
     # every token weighs its kept mass (< 1): the whole loss is scaled down by the sampling settings

@@ -36,17 +36,19 @@ def left_pad(prompt_ids: list[list[int]], pad_id: int) -> tuple[torch.Tensor, to
     return ids, mask
 
 
-def sampling_log_probs(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
-    """Log-probs ``[B, V]`` of the distribution to sample from; tokens outside the nucleus are -inf.
+def sampling_log_probs(logits: torch.Tensor, temperature: float, top_p: float, top_k: int = 0,
+                       min_p: float = 0.0) -> torch.Tensor:
+    """Log-probs ``[B, V]`` of the distribution to sample from; tokens outside the kept set are -inf.
 
-    The nucleus is the smallest set of most likely tokens whose mass reaches ``top_p`` (the most
-    likely token is always kept)."""
+    The kept set: min-p, then the ``top_k`` most likely tokens, then the nucleus, the smallest set of
+    most likely tokens whose mass reaches ``top_p`` (the most likely token is always kept)."""
     scores = logits.float() / temperature
     log_probs = torch.log_softmax(scores, dim=-1)
-    if top_p >= 1.0:
+    truncation = Truncation(top_p=top_p, top_k=top_k, min_p=min_p)
+    if not truncation.truncates:
         return log_probs
     # the kept-set rule the trainer replays (relax.models.sampled_distribution), ties included
-    drop = dropped_tokens(scores, Truncation(top_p=top_p))
+    drop = dropped_tokens(scores, truncation)
     return torch.log_softmax(log_probs.masked_fill(drop, float("-inf")), dim=-1)
 
 
@@ -81,7 +83,7 @@ class TinyEngine(GenerationEngine):
                 token = next_logits.argmax(dim=-1)
                 lp = torch.full_like(next_logits, float("-inf")).scatter(1, token[:, None], 0.0)
             else:
-                lp = sampling_log_probs(next_logits, params.temperature, params.top_p)
+                lp = sampling_log_probs(next_logits, params.temperature, params.top_p, params.top_k, params.min_p)
                 token = torch.multinomial(lp.exp(), 1, generator=generator).squeeze(1)
             live = ~done
             token = torch.where(live, token, torch.full_like(token, pad))

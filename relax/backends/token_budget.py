@@ -12,6 +12,7 @@ from relax.models import packing
 from relax.models.batch import ForwardLogits, TokenBatch, TokenLogProbs, default_forward_logits
 from relax.models.hf.adapter import hf_forward_logits
 from relax.models.packed_forward import packed_log_probs
+from relax.models.sampled_distribution import Truncation
 
 
 def checked_budget(budget: int | None, value_head: bool, forward_logits: ForwardLogits) -> int | None:
@@ -48,7 +49,8 @@ def packing_metrics(plan: packing.PackPlan, batch: TokenBatch) -> dict[str, floa
 
 
 @torch.no_grad()
-def packed_log_probs_within(model: nn.Module, batch: TokenBatch, budget: int, *, temperature: float = 1.0) -> torch.Tensor:
+def packed_log_probs_within(model: nn.Module, batch: TokenBatch, budget: int, *, temperature: float = 1.0,
+                            truncation: Truncation | None = None) -> torch.Tensor:
     """``[N, T]`` log-probs of a frozen ``model`` (the reference policy) over ``batch``, in micro-batches
     of at most ``budget`` real tokens each run as one packed row: the policy's grouping and forward, so
     no forward of this pass holds more than the policy's do."""
@@ -58,7 +60,8 @@ def packed_log_probs_within(model: nn.Module, batch: TokenBatch, budget: int, *,
     parts = []
     for group in plan.groups:
         rows = torch.tensor(group, dtype=torch.long, device=device)
-        parts.append((rows, packed_log_probs(model, batch, rows, with_entropy=False, temperature=temperature)))
+        parts.append((rows, packed_log_probs(model, batch, rows, with_entropy=False, temperature=temperature,
+                                             truncation=truncation)))
     return in_row_order(parts, len(batch), with_entropy=False).log_probs
 
 

@@ -46,6 +46,7 @@ from relax.models.batch import (
     response_log_probs,
 )
 from relax.models.packed_forward import packed_attention, packed_log_probs
+from relax.models.sampled_distribution import Truncation
 from relax.models.value import response_values
 
 _LORA_DEFAULTS = {"lora_alpha": ("--lora-alpha", 16.0), "lora_dropout": ("--lora-dropout", 0.0),
@@ -87,7 +88,8 @@ class TorchBackend(TrainingBackend):
     """One data-parallel rank: a model, AdamW, gradient clipping, optional gradient all-reduce.
 
     ``temperature`` divides the logits before the softmax, to match a rollout that sampled at that
-    temperature (1.0 for the default recipe). ``clip_grad`` <= 0 or None disables clipping; the
+    temperature (1.0 for the default recipe); ``truncation`` restricts it to the rollout's kept set
+    (``relax.models.sampled_distribution``). ``clip_grad`` <= 0 or None disables clipping; the
     pre-clip ``grad_norm`` is reported either way. With ``value_head`` the model is a
     ``ValueModel`` and the loss receives ``TokenValues`` instead of log-probs (PPO's critic).
 
@@ -128,7 +130,8 @@ class TorchBackend(TrainingBackend):
             model = wrap_with_lora(model, rank=config.lora_rank, alpha=config.lora_alpha,
                                    dropout=config.lora_dropout, target_modules=config.lora_target_modules)
         return cls(model, clip_grad=config.clip_grad, temperature=config.rollout_temperature,
-                   process_group=process_group, forward_logits=forward_logits_fn(config),
+                   truncation=Truncation.of_run(config), process_group=process_group,
+                   forward_logits=forward_logits_fn(config),
                    max_tokens_per_micro_batch=config.max_tokens_per_micro_batch, **_options(config, optim.lr_schedule(config)))
 
     @classmethod
@@ -148,6 +151,7 @@ class TorchBackend(TrainingBackend):
         eps: float = 1e-8,
         clip_grad: float | None = 1.0,
         temperature: float = 1.0,
+        truncation: Truncation | None = None,
         process_group: dist.ProcessGroup | None = None,
         dp_grad_reduction: str = "sum",
         forward_logits: ForwardLogits = default_forward_logits,
@@ -170,6 +174,7 @@ class TorchBackend(TrainingBackend):
         self.bf16 = bf16
         self.clip_grad = clip_grad
         self.temperature = temperature
+        self.truncation = truncation  # the sampling's kept set, replayed (relax.models.sampled_distribution)
         self.process_group = process_group
         self.dp_grad_reduction = dp_grad_reduction
         self.forward_logits = forward_logits
@@ -201,12 +206,13 @@ class TorchBackend(TrainingBackend):
                 return TokenValues(values=response_values(self.model, batch))
             logits = self.forward_logits(self.model, batch.input_ids, batch.attention_mask, batch.position_ids)
         # float32 log-softmax (outside autocast) whatever the compute precision
-        return response_log_probs(logits, batch, with_entropy=with_entropy, temperature=self.temperature)
+        return response_log_probs(logits, batch, with_entropy=with_entropy, temperature=self.temperature,
+                                  truncation=self.truncation)
 
     def _forward_packed(self, batch: TokenBatch, rows: torch.Tensor, *, with_entropy: bool) -> TokenLogProbs:
         """``_forward`` of ``batch``'s ``rows`` as one padding-free packed row (``batch`` on the device)."""
         return packed_log_probs(self.model, batch, rows, with_entropy=with_entropy, temperature=self.temperature,
-                                autocast=self._autocast)
+                                autocast=self._autocast, truncation=self.truncation)
 
     def _micro_batches(self, batch: TokenBatch, micro_batch_size: int | None, *, with_entropy: bool):
         """``(rows, TokenLogProbs)`` per micro-batch, each forward run when its item is reached (so a

@@ -29,9 +29,9 @@ from relax.config.fields import (
 )
 
 # The choices of the loss fields (the numerics implement each of them).
-KL_ESTIMATORS = ("k1", "k2", "k3", "low_var_kl", "k3+")
+KL_ESTIMATORS = ("k1", "k2", "k3", "low_var_kl", "k3+", "abs")
 LOSS_AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm")
-OFF_POLICY_CORRECTIONS = ("none", "tis", "decoupled", "seq_tis", "seq_mask_tis")
+OFF_POLICY_CORRECTIONS = ("none", "tis", "decoupled", "seq_tis", "seq_geo_tis", "seq_mask_tis")
 
 
 def check_fields(config) -> None:
@@ -124,13 +124,21 @@ class AlgorithmConfig:
             "how the loss corrects for samples drawn by an older (behaviour) policy: none, tis "
             "(truncated importance sampling: each token's loss x min(pi_old / pi_behaviour, cap)) or "
             "decoupled (decoupled PPO: x pi_old / pi_behaviour, tokens above the cap masked), seq_tis (every "
-            "token x min(the sequence's product of the ratios, cap)) or seq_mask_tis (sequences whose geometric-mean "
+            "token x min(the sequence's product of the ratios, cap)), seq_geo_tis (every token x min(the geometric mean "
+            "of its sequence's ratios, cap): length-safe) or seq_mask_tis (sequences whose geometric-mean "
             "ratio leaves [1/cap, cap] rejected, tis on the others)",
             group="asynchronous training", check=OneOf(OFF_POLICY_CORRECTIONS)),
     )
     off_policy_cap: float = attrs.field(default=2.0, metadata=flag(
         "the importance-weight cap of --off-policy-correction", group="asynchronous training",
         check=POSITIVE))
+    # which distribution the trainer's log-probs are of (read by the backends; a method may read it too)
+    full_vocabulary_log_probs: bool = attrs.field(default=False, metadata=flag(
+        "score the policy and the reference over the whole vocabulary even when --rollout-top-p / "
+        "--rollout-top-k / --rollout-min-p truncate sampling (default: the trainer replays the sampling's "
+        "kept set and renormalizes, so that on-policy importance weights are 1; docs/en/algorithms.md)",
+        group="sampling"))
+
     def __attrs_post_init__(self):
         if isinstance(self.n_samples_per_prompt, bool) or not isinstance(self.n_samples_per_prompt, int):
             raise TypeError(f"n_samples_per_prompt must be an int, got {self.n_samples_per_prompt!r}")

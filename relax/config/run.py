@@ -116,11 +116,11 @@ class RunConfig:
         "vllm (vLLM inside each rollout worker; needs the vllm extra, docs/en/rollout-engines.md); default: hf "
         "with --hf-checkpoint, else tiny", group="sampling", check=OneOf(ROLLOUT_ENGINES)))
     rollout_top_k: int = attrs.field(default=0, metadata=flag(
-        "sample only from the K most likely tokens (vllm engine); 0 = no top-k", group="sampling",
-        check=NON_NEGATIVE_INT, metavar="K"))
+        "sample only from the K most likely tokens (vllm and tiny engines); 0 = no top-k",
+        group="sampling", check=NON_NEGATIVE_INT, metavar="K"))
     rollout_min_p: float = attrs.field(default=0.0, metadata=flag(
-        "drop tokens whose probability is below this fraction of the most likely token's (vllm engine); "
-        "0 = no min-p", group="sampling", check=Range(ge=0, lt=1)))
+        "drop tokens whose probability is below this fraction of the most likely token's (vllm and tiny "
+        "engines); 0 = no min-p", group="sampling", check=Range(ge=0, lt=1)))
     rollout_stop: tuple[str, ...] = attrs.field(default=(), converter=tuple, metadata=flag(
         "end a completion at the first of these strings, kept in the completion (vllm engine); the stop "
         "tokens of the tokenizer always end it", group="sampling", nargs="+", metavar="TEXT"))

@@ -20,6 +20,8 @@ import attrs
 import torch
 from torch import nn
 
+from relax.models.sampled_distribution import Truncation, entropy_of, sampled_log_softmax
+
 
 @attrs.frozen(kw_only=True)
 class TokenBatch:
@@ -124,17 +126,20 @@ def default_forward_logits(
 
 
 def response_log_probs(
-    logits: torch.Tensor, batch: TokenBatch, *, with_entropy: bool, temperature: float = 1.0
+    logits: torch.Tensor, batch: TokenBatch, *, with_entropy: bool, temperature: float = 1.0,
+    truncation: Truncation | None = None,
 ) -> TokenLogProbs:
-    """Log-probs (and entropy) ``[N, T]`` of ``batch.response_ids`` from full-sequence ``logits``."""
+    """Log-probs (and entropy) ``[N, T]`` of ``batch.response_ids`` from full-sequence ``logits``, of
+    the distribution the rollout sampled from (``relax.models.sampled_distribution``: ``truncation``
+    None = the whole vocabulary)."""
     p, t = batch.prompt_width, batch.response_ids.shape[1]
     scores = logits[:, p - 1 : p + t - 1].float()
     if temperature != 1.0:
         scores = scores / temperature
-    log_probs_all = torch.log_softmax(scores, dim=-1)
+    log_probs_all = sampled_log_softmax(scores, truncation, batch.response_ids)
     mask = batch.response_mask
     log_probs = log_probs_all.gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1) * mask
     entropy = None
     if with_entropy:
-        entropy = -(log_probs_all.exp() * log_probs_all).sum(-1) * mask
+        entropy = entropy_of(log_probs_all) * mask
     return TokenLogProbs(log_probs=log_probs, entropy=entropy)

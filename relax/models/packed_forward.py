@@ -26,6 +26,7 @@ from torch import nn
 
 from relax.models.batch import TokenBatch, TokenLogProbs
 from relax.models.packing import PackedRows, response_log_probs_packed
+from relax.models.sampled_distribution import Truncation
 
 PACKED_ATTENTION = "relax_packed"
 _BOUNDS_KWARG = "relax_sample_bounds"
@@ -49,14 +50,16 @@ def packed_logits(model: nn.Module, packed: PackedRows) -> torch.Tensor:
 
 
 def packed_log_probs(model: nn.Module, batch: TokenBatch, rows: torch.Tensor, *, with_entropy: bool,
-                     temperature: float = 1.0, autocast=contextlib.nullcontext) -> TokenLogProbs:
+                     temperature: float = 1.0, autocast=contextlib.nullcontext,
+                     truncation: Truncation | None = None) -> TokenLogProbs:
     """``[n, T]`` log-probs (and entropy) of ``batch``'s ``rows`` run as one padding-free packed row
     (``batch`` on the model's device). ``autocast``: a context for the forward only (``--bf16``); the
-    log-softmax stays float32."""
+    log-softmax stays float32. ``truncation``: the sampling's kept set (``relax.models.sampled_distribution``)."""
     packed = PackedRows.build(batch, rows)
     with autocast():
         logits = packed_logits(model, packed)
-    log_probs, entropy = response_log_probs_packed(logits, packed, with_entropy=with_entropy, temperature=temperature)
+    log_probs, entropy = response_log_probs_packed(logits, packed, with_entropy=with_entropy, temperature=temperature,
+                                                   truncation=truncation)
     return TokenLogProbs(log_probs=log_probs, entropy=entropy)
 
 

@@ -23,6 +23,7 @@ import attrs
 import torch
 
 from relax.models.batch import TokenBatch
+from relax.models.sampled_distribution import Truncation, entropy_of, sampled_log_softmax
 
 
 @attrs.frozen
@@ -111,16 +112,17 @@ class PackedRows:
 
 
 def response_log_probs_packed(logits: torch.Tensor, packed: PackedRows, *, with_entropy: bool,
-                              temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor | None]:
+                              temperature: float = 1.0,
+                              truncation: Truncation | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``[n, T]`` log-probs (and entropy) from the logits ``[K, V]`` at the scored positions
     (``relax.models.packed_forward.packed_logits``), computed like ``relax.models.batch.response_log_probs``
     (float32 log-softmax)."""
     scores = logits.float()
     if temperature != 1.0:
         scores = scores / temperature
-    log_probs_all = torch.log_softmax(scores, dim=-1)
+    log_probs_all = sampled_log_softmax(scores, truncation, packed.targets)
     log_probs = packed.scatter(log_probs_all.gather(-1, packed.targets.unsqueeze(-1)).squeeze(-1))
     entropy = None
     if with_entropy:
-        entropy = packed.scatter(-(log_probs_all.exp() * log_probs_all).sum(-1))
+        entropy = packed.scatter(entropy_of(log_probs_all))
     return log_probs, entropy

@@ -31,7 +31,8 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     max_new_tokens: int = 8
-    # Honoured by the vLLM engine only (relax.rollout.engines refuses them for the others).
+    # top_k / min_p: the vLLM and tiny engines; stop: vLLM only (relax.rollout.engines refuses the
+    # others).
     top_k: int = 0  # 0: no top-k
     min_p: float = 0.0  # 0: no min-p
     stop: tuple[str, ...] = ()  # stop strings, kept in the completion

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 # Sampling settings only some engines implement: RunConfig field -> (flag, engines that honour it).
 ENGINE_SAMPLING_FLAGS = {
-    "rollout_top_k": ("--rollout-top-k", ("vllm",)),
-    "rollout_min_p": ("--rollout-min-p", ("vllm",)),
+    "rollout_top_k": ("--rollout-top-k", ("vllm", "tiny")),
+    "rollout_min_p": ("--rollout-min-p", ("vllm", "tiny")),
     "rollout_stop": ("--rollout-stop", ("vllm",)),
 }
 # Other settings only some engines have: RunConfig field -> (flag, engines that read it).

@@ -31,6 +31,7 @@ from relax.runtime.actor_metrics import (
     STEP_METRICS_KEY,
     combine_actor_metrics,
     logged_name,
+    off_policy_weight_metrics,
     policy_health_shares,
 )
 from relax.runtime.fields import ATTENTION_FIELD, BATCH_FIELDS, AttachesDataPlane, token_batch
@@ -253,6 +254,8 @@ class ActorCore:
         t_adv = time.perf_counter()
         if self.advantages_on_actor:
             self._compute_advantages(plan, shard, with_values)
+        if self.config.algorithm.off_policy_correction != "none":  # a collective over the data-parallel group
+            metrics.update(off_policy_weight_metrics(shard, self.config.algorithm, self.dp_group))
         parts = self._optimizer_steps(plan, shard)
         t2 = time.perf_counter()
         # ``actor/*`` here is this rank's share (the whole value with one rank). The driver sums

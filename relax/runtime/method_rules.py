@@ -55,8 +55,10 @@ def check_loss(config, algorithm, who, errors, warnings):
             )
 
 
-# Fields every run reads (the rollout, the reward stage or the runtime), whatever the method.
-_FRAMEWORK_FIELDS = frozenset({"n_samples_per_prompt", "reward_keys", "reward_weights", "rewards_normalization"})
+# Fields every run reads (the rollout, the reward stage, the runtime or, for full_vocabulary_log_probs, the
+# training backend), whatever the method.
+_FRAMEWORK_FIELDS = frozenset({"n_samples_per_prompt", "reward_keys", "reward_weights", "rewards_normalization",
+                               "full_vocabulary_log_probs"})
 
 
 def check_method_config(config, algorithm, who, errors, warnings):

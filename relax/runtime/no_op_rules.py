@@ -5,7 +5,7 @@ before Ray starts).
 Errors: ``--off-policy-correction decoupled`` with ``--off-policy-cap`` at or below 1 (every
 on-policy token has weight exactly 1 and tokens above the cap are masked, so every update is zero);
 an empty ``--wandb-project`` with ``--use-wandb``. Warnings: ``--off-policy-cap`` without a
-correction, the prompt-data flags (``--input-key`` ...) without a data file that reads them,
+correction, ``--full-vocabulary-log-probs`` when sampling truncates nothing, the prompt-data flags (``--input-key`` ...) without a data file that reads them,
 ``--overwrite-output-dir`` where ``--load`` continues the run of that same directory. A task for
 Hugging Face models (``--task reasoning-gym:<dataset>``) without ``--hf-checkpoint`` is an error; such
 a task formats its prompts with ``--prompt-suffix``, ``--apply-chat-template`` and ``--system-prompt``.
@@ -45,7 +45,13 @@ def _check_off_policy(config, algorithm, who, errors, warnings):
     if a.off_policy_correction == "none" and a.off_policy_cap != default_cap and reads_cap:
         warnings.append(
             f"--off-policy-cap {a.off_policy_cap} has no effect without --off-policy-correction "
-            "(tis, decoupled, seq_tis or seq_mask_tis)"
+            "(tis, decoupled, seq_tis, seq_geo_tis or seq_mask_tis)"
+        )
+    truncates = config.rollout_top_p < 1.0 or config.rollout_top_k > 0 or config.rollout_min_p > 0.0
+    if a.full_vocabulary_log_probs and not truncates:
+        warnings.append(
+            "--full-vocabulary-log-probs has no effect: sampling already keeps the whole vocabulary (it matters "
+            "with --rollout-top-p below 1, --rollout-top-k or --rollout-min-p)"
         )
 
 

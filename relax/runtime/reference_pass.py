@@ -16,20 +16,23 @@ from relax.backends import token_budget
 from relax.config.run import RunConfig
 from relax.models.batch import TokenBatch, response_log_probs
 from relax.models.factory import forward_logits_fn
+from relax.models.sampled_distribution import Truncation
 
 
 @torch.no_grad()
 def reference_log_probs(model: nn.Module, batch: TokenBatch, config: RunConfig) -> torch.Tensor:
     """``[N, T]`` log-probs of ``batch``'s response tokens under ``model``, zero outside the response."""
-    temperature = config.rollout_temperature
+    # the reference scores the distribution the policy is scored on: the same temperature and kept-set rule
+    temperature, truncation = config.rollout_temperature, Truncation.of_run(config)
     if config.max_tokens_per_micro_batch:
         return token_budget.packed_log_probs_within(model, batch, config.max_tokens_per_micro_batch,
-                                                    temperature=temperature)
+                                                    temperature=temperature, truncation=truncation)
     forward = forward_logits_fn(config)
     size = config.micro_batch_size or len(batch)
     parts = []
     for start in range(0, len(batch), size):
         sub = batch.select(slice(start, start + size))
         logits = forward(model, sub.input_ids, sub.attention_mask, sub.position_ids)
-        parts.append(response_log_probs(logits, sub, with_entropy=False, temperature=temperature).log_probs)
+        parts.append(response_log_probs(logits, sub, with_entropy=False, temperature=temperature,
+                                        truncation=truncation).log_probs)
     return torch.cat(parts)

@@ -178,6 +178,35 @@ def _grpo_whitened(rank, pg):
     return _token_algorithm("grpo", token_shards()[rank], pg)
 
 
+def off_policy_shard(rank):
+    """An actor shard for ``off_policy_weight_metrics``: old and engine log-probs of different widths
+    per rank; rank 1 of the empty variant holds no rows."""
+    g = _gen(20 + rank)
+    n, t = (3, 4) if rank == 0 else (2, 6)
+    mask = torch.arange(t)[None, :] < torch.randint(1, t + 1, (n,), generator=g)[:, None]
+    engine = -torch.rand(n, t, generator=g) * 2
+    old = engine + torch.randn(n, t, generator=g) * 0.3
+
+    class Batch:
+        response_mask = mask
+
+    return {"batch": Batch(), "old_log_probs": old, "fields": {"rollout_log_probs": engine}}
+
+
+def _off_policy_weight_metrics(rank, pg):
+    from relax.runtime.actor_metrics import off_policy_weight_metrics
+
+    config = AlgorithmConfig(off_policy_correction="seq_tis", off_policy_cap=1.2)
+    return off_policy_weight_metrics(off_policy_shard(rank), config, pg)
+
+
+def _off_policy_weight_metrics_empty_shard(rank, pg):
+    from relax.runtime.actor_metrics import off_policy_weight_metrics
+
+    shard = off_policy_shard(0) if rank == 0 else {"batch": None, "fields": {}}
+    return off_policy_weight_metrics(shard, AlgorithmConfig(off_policy_correction="tis", off_policy_cap=1.2), pg)
+
+
 # -- malformed input on ONE rank: every rank must raise, nobody may hang --
 
 
@@ -259,7 +288,7 @@ def _still_in_sync(rank, pg):
 
 CHECKS = {
     name: fn for name, fn in globals().items() if name.startswith("_") and callable(fn)
-    and name not in ("_gen", "_token_algorithm") and not name.startswith("__")
+    and name not in ("_gen", "_token_algorithm", "off_policy_shard") and not name.startswith("__")
 }
 ORDER = [n for n in CHECKS if not n.startswith("_bad") and n != "_still_in_sync"] + \
         [n for n in CHECKS if n.startswith("_bad")] + ["_still_in_sync"]

@@ -355,3 +355,30 @@ def test_malformed_input_on_one_rank_raises_on_both(results, name, bad_rank, bad
 def test_group_still_in_sync_after_the_errors(results):
     # every rank ran the same collectives through the error paths: a final all-reduce still pairs up
     assert ok(results, "_still_in_sync") == [3.0, 3.0]
+
+
+def test_off_policy_weight_metrics_cover_every_ranks_units(results):
+    # quantiles are no shares: every rank gathers all units and logs the whole step's numbers, equal
+    # to one process holding the concatenated units
+    from relax.runtime.actor_metrics import off_policy_weight_metrics
+
+    got = ok(results, "_off_policy_weight_metrics")
+    assert got[0] == got[1]
+    units = [numerics.unit_log_weights(s["old_log_probs"], s["fields"]["rollout_log_probs"], s["batch"].response_mask,
+                                       "seq_tis") for s in (checks.off_policy_shard(0), checks.off_policy_shard(1))]
+    assert [u.numel() for u in units] == [3, 2]
+    single = numerics.weight_statistics(torch.cat(units), "seq_tis", 1.2)
+    assert got[0] == {f"off_policy/{k}": pytest.approx(v, rel=1e-12) for k, v in single.items()}
+    one_rank = off_policy_weight_metrics(checks.off_policy_shard(0), checks.AlgorithmConfig(
+        off_policy_correction="seq_tis", off_policy_cap=1.2))
+    assert one_rank != got[0]  # rank 0 alone would log other numbers
+
+
+def test_off_policy_weight_metrics_with_an_empty_shard(results):
+    got = ok(results, "_off_policy_weight_metrics_empty_shard")
+    assert got[0] == got[1] and got[0]["off_policy/weight_max"] > 0
+    shard = checks.off_policy_shard(0)
+    tokens = numerics.unit_log_weights(shard["old_log_probs"], shard["fields"]["rollout_log_probs"],
+                                       shard["batch"].response_mask, "tis")
+    single = numerics.weight_statistics(tokens, "tis", 1.2)
+    assert got[1] == {f"off_policy/{k}": pytest.approx(v, rel=1e-12) for k, v in single.items()}

@@ -37,9 +37,15 @@ def test_stale_sequences_are_rejected_and_the_mismatch_is_measured(ray_cluster, 
     assert first["actor/off_policy_mismatch_ppl_ratio"] == pytest.approx(1.0, abs=1e-6)
     assert first["actor/off_policy_capped_frac"] == 0.0
     assert first["actor/off_policy_weight"] == pytest.approx(1.0, abs=1e-5)
+    # the step's weight diagnostics (off_policy/*, over the sequences' geometric means): all 1, none beyond
+    assert first["off_policy/weight_max"] == pytest.approx(1.0, abs=1e-5)
+    assert first["off_policy/weight_ess"] == pytest.approx(1.0, abs=1e-9)
+    assert first["off_policy/capped_share"] == 0.0
     # one update behind at lr 1e-2: a measurable mismatch, and the band rejects sequences
     for r in stale:
         assert r["actor/off_policy_mismatch_kl"] > 1e-6
         assert r["actor/off_policy_mismatch_ppl_ratio"] != pytest.approx(1.0, abs=1e-6)
         assert r["actor/off_policy_capped_frac"] > 0.0
         assert r["actor/off_policy_weight"] < 1.0  # rejected sequences weigh 0
+        assert r["off_policy/capped_share"] > 0.0  # sequences outside the band [1/1.001, 1.001]
+        assert r["off_policy/weight_ess"] < 1.0

@@ -42,7 +42,11 @@ def test_the_default_engine_follows_the_model(cli, checkpoint):
 
 def test_a_vllm_sampling_flag_with_another_engine_is_refused(cli, checkpoint):
     for flag, value in (("--rollout-top-k", "5"), ("--rollout-min-p", "0.1"), ("--rollout-stop", "\n")):
-        code, _, err = cli("train", flag, value, "--dry-run")
-        assert code != 0 and f"{flag}" in err and "the tiny engine would ignore it" in err, err
         code, _, err = cli("train", "--hf-checkpoint", checkpoint, flag, value, "--dry-run")
         assert code != 0 and "the hf engine would ignore it: add --rollout-engine vllm" in err, err
+    # the tiny engine samples with top-k and min-p too (relax.models.sampled_distribution), not with stop strings
+    code, _, err = cli("train", "--rollout-stop", "\n", "--dry-run")
+    assert code != 0 and "--rollout-stop" in err and "the tiny engine would ignore it" in err, err
+    for flag, value in (("--rollout-top-k", "5"), ("--rollout-min-p", "0.1")):
+        code, _, err = cli("train", flag, value, "--dry-run")
+        assert code == 0, err

@@ -114,12 +114,13 @@ STOPS = tuple("0123456789fghkquwxyz")  # none of them is in the tokenizer's spec
 @pytest.mark.timeout(900)
 def test_the_vllm_sampling_flags_reach_the_engine(run_in_cluster, tmp_path):
     """--rollout-stop ends completions at the first stop string (kept); --rollout-top-k and
-    --rollout-min-p truncate the engine's distribution, so its log-probs are no longer the trainer's
-    full-distribution ones and rollout/logprob_abs_diff rises far above the float rounding it shows
+    --rollout-min-p truncate the engine's distribution, so with --full-vocabulary-log-probs (the trainer
+    scores the whole vocabulary) rollout/logprob_abs_diff rises far above the float rounding it shows
     without them (test_gdpo_trains_with_the_vllm_engine_holding_the_trainers_weights)."""
     ckpt = tiny_qwen2(tmp_path / "tiny-qwen2", seed=2)
     config = _config(ckpt, tmp_path, num_rollout=2, eval_prompt_data=None, rollout_top_k=3, rollout_min_p=0.05,
                      rollout_stop=STOPS, log_completions=16)
+    config = attrs.evolve(config, algorithm=attrs.evolve(config.algorithm, full_vocabulary_log_probs=True))
     run_in_cluster(config)
     out = Path(config.output_dir)
     rows = [r for r in _rows(out) if not r.get("train/skipped")]
@@ -135,3 +136,25 @@ def test_the_vllm_sampling_flags_reach_the_engine(run_in_cluster, tmp_path):
             stopped += 1
             assert first == len(text) - 1, f"the completion goes on after a stop string: {sample['completion']!r}"
     assert stopped > 0
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_the_trainer_replays_vllms_truncated_sampling(run_in_cluster, tmp_path):
+    """min-p, top-k and top-p together: the trainer replays the kept set vLLM sampled from (temperature,
+    min-p, top-k, top-p, renormalized; relax.models.sampled_distribution), so at step 1, before any
+    update, every importance weight is 1 and the engine's and trainer's log-probs agree to float rounding
+    (with --full-vocabulary-log-probs the same settings put them > 1e-2 apart, the test above). The
+    schedule is synchronous, so step 2 (after an update the engine receives) is on-policy too."""
+    ckpt = tiny_qwen2(tmp_path / "tiny-qwen2", seed=3)
+    config = _config(ckpt, tmp_path, num_rollout=2, eval_prompt_data=None, rollout_top_k=5, rollout_min_p=0.1,
+                     rollout_top_p=0.7, rollout_temperature=0.9)
+    config = attrs.evolve(config, algorithm=attrs.evolve(config.algorithm, off_policy_correction="tis"))
+    run_in_cluster(config)
+    trained = [r for r in _rows(Path(config.output_dir)) if r["step"] > 0 and not r.get("train/skipped")]
+    assert trained  # a step trains nothing only when every group lacks signal after the refill rounds
+    for row in trained:
+        assert row["rollout/logprob_abs_diff"] < 1e-4, (row["step"], row["rollout/logprob_abs_diff"])
+        assert row["actor/off_policy_weight"] == pytest.approx(1.0, abs=1e-3)
+        assert row["off_policy/weight_max"] == pytest.approx(1.0, abs=1e-3)

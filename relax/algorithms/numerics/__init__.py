@@ -47,7 +47,12 @@ from relax.algorithms.numerics.groups import (
 )
 from relax.algorithms.numerics.kl import kl_estimate
 from relax.algorithms.numerics.losses import aggregate, masked_inputs, ppo_clip_loss, value_loss
-from relax.algorithms.numerics.off_policy import behaviour_weights, mismatch_metrics
+from relax.algorithms.numerics.off_policy import (
+    behaviour_weights,
+    mismatch_metrics,
+    unit_log_weights,
+    weight_statistics,
+)
 from relax.algorithms.numerics.returns import (
     broadcast_to_tokens,
     discounted_returns,
@@ -98,7 +103,9 @@ __all__ = [
     "terminal_token_rewards",
     "token_global_normalize",
     "token_rewards",
+    "unit_log_weights",
     "value_loss",
+    "weight_statistics",
     "weighted_sum",
     "whiten_segments",
     "whiten_segments_weighted",

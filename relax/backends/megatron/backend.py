@@ -34,8 +34,13 @@ from relax.backends.base import LossFn, TokenBatch, TokenLogProbs
 from relax.backends.megatron import MegatronEntry, _cpu_compat, placement
 from relax.backends.megatron.families import ModelFamily, TinyFamily, family_of
 from relax.backends.megatron.layer_specs import canonical_name
-from relax.backends.megatron.logprobs import vocab_parallel_entropy, vocab_parallel_log_probs
+from relax.backends.megatron.logprobs import (
+    vocab_parallel_entropy,
+    vocab_parallel_log_probs,
+    vocab_parallel_truncate,
+)
 from relax.backends.megatron.model import local_tensors, mask_padded_vocab
+from relax.models.sampled_distribution import Truncation
 from relax.models.tiny.model import TinyLMConfig
 
 CHECKPOINT_FORMAT = "relax-megatron-v1"
@@ -132,6 +137,7 @@ class MegatronBackend(MegatronEntry):
                 pipeline_model_parallel_size=config.pipeline_model_parallel_size,
                 micro_batch_size=config.micro_batch_size,
                 temperature=config.rollout_temperature,
+                truncation=Truncation.of_run(config),
                 recompute_activations=config.recompute_activations,
                 bf16=config.bf16,
             )
@@ -163,6 +169,7 @@ class MegatronBackend(MegatronEntry):
         pipeline_model_parallel_size: int = 1,
         micro_batch_size: int | None = None,
         temperature: float = 1.0,
+        truncation: Truncation | None = None,
         dp_grad_reduction: str = "sum",
         recompute_activations: bool = False,
         bf16: bool = False,
@@ -189,6 +196,7 @@ class MegatronBackend(MegatronEntry):
         self.model_config = self.family.config  # has vocab_size, whatever the family
         self.micro_batch_size = micro_batch_size
         self.temperature = temperature
+        self.truncation = truncation  # the sampling's kept set, replayed (relax.models.sampled_distribution)
         self.dp_grad_reduction = dp_grad_reduction
         self.steps = 0
         ensure_distributed()
@@ -343,6 +351,7 @@ class MegatronBackend(MegatronEntry):
         if self.temperature != 1.0:  # match a rollout that sampled at this temperature
             logits = logits / self.temperature
         logits = mask_padded_vocab(logits, self.model_config.vocab_size, tp_rank=self.tp_rank)
+        logits = vocab_parallel_truncate(logits, self.truncation, batch.response_ids)
         mask = batch.response_mask
         log_probs = vocab_parallel_log_probs(logits, batch.response_ids) * mask
         entropy = vocab_parallel_entropy(logits) * mask if with_entropy else None

@@ -1,13 +1,16 @@
 """Per-token log-probs and entropy from vocab-parallel logits (each tp rank holds ``V/tp`` columns).
 
 Neither function gathers the full vocabulary: the softmax normalizer and the entropy sums are
-all-reduced over the tensor-parallel group, and gradients flow back to each rank's shard.
+all-reduced over the tensor-parallel group, and gradients flow back to each rank's shard. Only the
+choice of the sampling's kept set (``vocab_parallel_truncate``) looks at whole rows, without gradient.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+
+from relax.models.sampled_distribution import Truncation, dropped_tokens
 
 
 def vocab_parallel_log_probs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -41,3 +44,32 @@ def vocab_parallel_entropy(logits: torch.Tensor) -> torch.Tensor:
     sum_exp_shifted = reduce_from_tensor_model_parallel_region((exp * shifted).sum(dim=-1))
     # H = log Z - E_p[shifted logit]
     return sum_exp.log() - sum_exp_shifted / sum_exp
+
+
+def vocab_parallel_truncate(logits: torch.Tensor, truncation: Truncation | None,
+                            targets: torch.Tensor) -> torch.Tensor:
+    """``logits`` ``[..., V/tp]`` with the tokens outside the sampling's kept set
+    (``relax.models.sampled_distribution``) at the most negative finite float, so that
+    ``vocab_parallel_log_probs`` / ``vocab_parallel_entropy`` score the truncated, renormalized
+    distribution the rollout sampled from. ``targets``: the sampled tokens' global ids (always kept).
+
+    Top-p needs each row sorted over the whole vocabulary, so the shards are gathered for the decision
+    (no gradient; a ``[..., V]`` float32 copy, what a tp=1 rank holds anyway) and each rank keeps its
+    slice of the drop mask; the gradient still flows to each rank's own shard only."""
+    if truncation is None or not truncation.truncates:
+        return logits
+    from megatron.core import parallel_state
+
+    group = parallel_state.get_tensor_model_parallel_group()
+    world = dist.get_world_size(group) if dist.is_initialized() else 1
+    whole = logits.detach().float()
+    if world > 1:
+        shards = [torch.empty_like(whole) for _ in range(world)]
+        dist.all_gather(shards, whole.contiguous(), group=group)
+        whole = torch.cat(shards, dim=-1)
+    drop = dropped_tokens(whole, truncation, targets)
+    if world > 1:
+        width = logits.shape[-1]
+        start = dist.get_rank(group) * width
+        drop = drop[..., start:start + width]
+    return logits.float().masked_fill(drop, torch.finfo(torch.float32).min)

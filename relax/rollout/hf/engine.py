@@ -22,6 +22,7 @@ import torch
 
 from relax.models.batch import TokenBatch
 from relax.models.hf.loading import HFTokenizer, load_hf_state_dict
+from relax.models.sampled_distribution import Truncation, dropped_tokens
 from relax.rollout.base import Generation, GenerationEngine, SamplingParams
 from relax.rollout.hf.decoding import (
     DynamicDecoding,
@@ -53,13 +54,9 @@ def top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     """``logits`` with every token outside the nucleus set to -inf (the top token always stays)."""
     if top_p >= 1.0:
         return logits
-    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-    probs = torch.softmax(sorted_logits, dim=-1)
-    # A token is dropped when the mass of the tokens strictly before it already reaches top_p.
-    drop_sorted = (probs.cumsum(dim=-1) - probs) >= top_p
-    drop_sorted[..., 0] = False
-    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-    return logits.masked_fill(drop, float("-inf"))
+    # A token is dropped when the mass of the tokens strictly before it already reaches top_p: the
+    # kept-set rule the trainer replays (relax.models.sampled_distribution), ties included.
+    return logits.masked_fill(dropped_tokens(logits, Truncation(top_p=top_p)), float("-inf"))
 
 
 def sample_categorical(log_probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:

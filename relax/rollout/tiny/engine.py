@@ -17,6 +17,7 @@ from collections.abc import Mapping
 import torch
 
 from relax.models.batch import TokenBatch
+from relax.models.sampled_distribution import Truncation, dropped_tokens
 from relax.models.tiny.model import KVCache, TinyCausalLM
 from relax.models.tiny.tokenizer import TinyTokenizer
 from relax.rollout.base import Generation, GenerationEngine, SamplingParams
@@ -35,18 +36,19 @@ def left_pad(prompt_ids: list[list[int]], pad_id: int) -> tuple[torch.Tensor, to
     return ids, mask
 
 
-def sampling_log_probs(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
-    """Log-probs ``[B, V]`` of the distribution to sample from; tokens outside the nucleus are -inf.
+def sampling_log_probs(logits: torch.Tensor, temperature: float, top_p: float, top_k: int = 0,
+                       min_p: float = 0.0) -> torch.Tensor:
+    """Log-probs ``[B, V]`` of the distribution to sample from; tokens outside the kept set are -inf.
 
-    The nucleus is the smallest set of most likely tokens whose mass reaches ``top_p`` (the most
-    likely token is always kept)."""
-    log_probs = torch.log_softmax(logits.float() / temperature, dim=-1)
-    if top_p >= 1.0:
+    The kept set: min-p, then the ``top_k`` most likely tokens, then the nucleus, the smallest set of
+    most likely tokens whose mass reaches ``top_p`` (the most likely token is always kept)."""
+    scores = logits.float() / temperature
+    log_probs = torch.log_softmax(scores, dim=-1)
+    truncation = Truncation(top_p=top_p, top_k=top_k, min_p=min_p)
+    if not truncation.truncates:
         return log_probs
-    sorted_lp, order = log_probs.sort(dim=-1, descending=True)
-    mass_before = sorted_lp.exp().cumsum(dim=-1) - sorted_lp.exp()
-    drop_sorted = mass_before >= top_p  # mass already reached before this token
-    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+    # the kept-set rule the trainer replays (relax.models.sampled_distribution), ties included
+    drop = dropped_tokens(scores, truncation)
     return torch.log_softmax(log_probs.masked_fill(drop, float("-inf")), dim=-1)
 
 
@@ -101,7 +103,7 @@ class TinyEngine(GenerationEngine):
                 token = next_logits.argmax(dim=-1)
                 lp = torch.full_like(next_logits, float("-inf")).scatter(1, token[:, None], 0.0)
             else:
-                lp = sampling_log_probs(next_logits, params.temperature, params.top_p)
+                lp = sampling_log_probs(next_logits, params.temperature, params.top_p, params.top_k, params.min_p)
                 token = _draw(lp.exp(), generator)
             live = ~done
             token = torch.where(live, token, torch.full_like(token, pad))

@@ -38,7 +38,7 @@ from relax.runtime.losses import policy_loss_fn, zero_loss
 from relax.runtime.reference_pass import reference_log_probs
 from relax.runtime.rollouts import plan_from_rollouts
 from relax.runtime.schedule import StepPlan, segment_slices, staleness_metrics
-from relax.runtime.weight_sync import ObjectStoreSync
+from relax.runtime.weight_sync import ObjectStoreSync, publish_dtype
 
 
 class ActorCore:
@@ -72,7 +72,8 @@ class ActorCore:
             (ATTENTION_FIELD,) if is_multi_turn(config) else ())  # environment turns (--env-path)
         self._cache: dict | None = None
         self._last_train_end: float | None = None
-        self.weight_sync = ObjectStoreSync()  # the weight route's training side (relax.runtime.weight_sync)
+        # the weight route's training side (relax.runtime.weight_sync), in the engines' dtype
+        self.weight_sync = ObjectStoreSync(publish_dtype(config))
 
     def init_process_group(self, address: str) -> bool:
         """Join the process group of all actor ranks at ``tcp://address``, then build the backend on it."""

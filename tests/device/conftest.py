@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from device_emulation import DEVICE, emulated_device
+from device_emulation import DEVICE, emulated_device, on_the_cpu
 
 
 @pytest.fixture
@@ -13,9 +13,26 @@ def device(monkeypatch):
     import relax.models.factory as factory
 
     _let_kernels_accept_the_device(monkeypatch)
+    _load_hf_models_outside(monkeypatch)
     with emulated_device() as dev:
         monkeypatch.setattr(factory, "default_device", lambda: dev)
         yield dev
+
+
+def _load_hf_models_outside(monkeypatch) -> None:
+    """transformers builds a model on torch's own ``meta`` device and then fills it: under the emulation,
+    whose device is ``meta`` too, that would give the model (and, through transformers' caches, every
+    model loaded later in the process) unfilled buffers. Load on the CPU outside it, then move."""
+    import relax.models.hf.loading as loading
+
+    load = loading.load_hf_model
+
+    def load_then_move(path, *, device="cpu", **kwargs):
+        with on_the_cpu():
+            model = load(path, device="cpu", **kwargs)
+        return model.to(device)
+
+    monkeypatch.setattr(loading, "load_hf_model", load_then_move)
 
 
 def _let_kernels_accept_the_device(monkeypatch) -> None:

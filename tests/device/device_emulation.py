@@ -122,41 +122,67 @@ def _check_placement(name: str, args, tensors) -> None:
                            f"{DEVICE} and cpu!")
 
 
+# torch's own functions, which ``emulated_device()`` replaces and ``on_the_cpu()`` puts back
+_REAL = {"autocast": torch.autocast, "tensor": torch.tensor, "as_tensor": torch.as_tensor}
+
+
+def _autocast(device_type, *args, **kwargs):
+    # torch has no autocast for ``meta``; the CPU's leaves the wrappers' operations as they are
+    return _REAL["autocast"]("cpu" if device_type == DEVICE.type else device_type, *args, **kwargs)
+
+
+def _from_data(name: str):
+    # torch.tensor / torch.as_tensor build a ``meta`` tensor without dispatching any operation: build
+    # it on the CPU, then move it (a checked copy)
+    def build(data, *args, device=None, **kwargs):
+        if device is not None and torch.device(device).type == DEVICE.type:
+            return _REAL[name](data, *args, **kwargs).to(DEVICE)
+        return _REAL[name](data, *args, device=device, **kwargs)
+
+    return build
+
+
+_EMULATED = {"autocast": _autocast, "tensor": _from_data("tensor"), "as_tensor": _from_data("as_tensor")}
+
+
+@contextlib.contextmanager
+def _torch_functions(functions: dict):
+    saved = {name: getattr(torch, name) for name in functions}
+    for name, fn in functions.items():
+        setattr(torch, name, fn)
+    try:
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(torch, name, fn)
+
+
 @contextlib.contextmanager
 def emulated_device():
-    """Within the block, ``DEVICE`` behaves as a second device (see the module docstring); yields it."""
-    def autocast(device_type, *args, **kwargs):
-        # torch has no autocast for ``meta``; the CPU's leaves the wrappers' operations as they are
-        return real["autocast"]("cpu" if device_type == DEVICE.type else device_type, *args, **kwargs)
+    """Within the block, ``DEVICE`` behaves as a second device (see the module docstring); yields it.
 
-    def from_data(make):
-        # torch.tensor / torch.as_tensor build a ``meta`` tensor without dispatching any operation:
-        # build it on the CPU, then move it (a checked copy)
-        def build(data, *args, device=None, **kwargs):
-            if device is not None and torch.device(device).type == DEVICE.type:
-                return make(data, *args, **kwargs).to(DEVICE)
-            return make(data, *args, device=device, **kwargs)
-
-        return build
-
-    real = {"autocast": torch.autocast, "tensor": torch.tensor, "as_tensor": torch.as_tensor}
-    torch.autocast, torch.tensor, torch.as_tensor = autocast, from_data(torch.tensor), from_data(torch.as_tensor)
-    try:
-        with _CheckedMode():
-            yield DEVICE
-    finally:
-        for name, fn in real.items():
-            setattr(torch, name, fn)
+    Never load a transformers model inside it (wrap the load in ``on_the_cpu()``): transformers builds
+    models on torch's own ``meta`` device and fills them afterwards, and it caches the replaced
+    ``torch.tensor``, leaving this and every later model of the process with unfilled buffers."""
+    with _torch_functions(_EMULATED), _CheckedMode():
+        yield DEVICE
 
 
 @contextlib.contextmanager
 def on_the_cpu():
     """Within ``emulated_device()``, a block that runs plain CPU code outside the emulation (a reference
-    run to compare with)."""
+    run to compare with, a transformers load), relax's model factory placing models on the CPU."""
     from torch.utils._python_dispatch import _disable_current_modes
 
-    with _disable_current_modes():
-        yield
+    import relax.models.factory as factory
+
+    placed = factory.default_device
+    factory.default_device = lambda: _CPU
+    try:
+        with _torch_functions(_REAL), _disable_current_modes():
+            yield
+    finally:
+        factory.default_device = placed
 
 
 def to_device(module: torch.nn.Module) -> torch.nn.Module:

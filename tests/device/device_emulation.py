@@ -2,9 +2,10 @@
 
 Tensors "on the device" are ``OnDevice`` wrappers: they report ``torch.device("meta")`` (the one
 non-CPU device every torch build has, and one the autograd engine treats like the CPU, so backward
-passes run) but hold real CPU data, so every number is computed exactly as on the CPU and a test can
-compare results bit for bit. While ``emulated_device()`` is active, every torch operation is checked
-with CUDA's placement rules before it runs:
+passes run) but hold real CPU data, so code runs to the end and a test can compare its numbers with
+a CPU run (equal up to summation order: torch decomposes a few operations, such as attention and the
+multi-tensor optimizer steps, differently for a wrapper tensor). While ``emulated_device()`` is active,
+every torch operation is checked with CUDA's placement rules before it runs:
 
 - an operation's tensors must share one device, except CPU zero-dimensional tensors (scalars), which
   CUDA kernels accept: else ``Expected all tensors to be on the same device ...``;
@@ -17,6 +18,9 @@ These are the two errors a real H200 raised on code that mixed a CPU batch with 
 own ``meta`` tensors and ``FakeTensorMode`` with a fake ``cuda`` device raise the first one too, but
 compute no values, so ``.item()``, ``.tolist()`` and data-dependent shapes (packing plans,
 ``nonzero``) stop them; the wrappers here run such code to the end.
+
+Not emulated: bf16 autocast (``torch.autocast(device_type="meta")`` becomes the CPU's, which leaves
+the wrappers' operations in their own dtype), and a device's own kernels or memory.
 """
 
 from __future__ import annotations
@@ -53,7 +57,8 @@ class OnDevice(torch.Tensor):
         return self.cpu_data.tolist()
 
     def numpy(self, *, force: bool = False):
-        raise TypeError(f"can't convert {DEVICE} device type tensor to numpy. Use Tensor.cpu() to copy the tensor to host memory first.")
+        raise TypeError(f"can't convert {DEVICE} device type tensor to numpy. Use Tensor.cpu() to copy the tensor "
+                        "to host memory first.")
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):

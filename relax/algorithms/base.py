@@ -205,7 +205,7 @@ class RLAlgorithm(metaclass=AlgorithmMeta):
         The rollout drops groups where this is false. The default keeps everything (an algorithm
         without a group baseline learns from a constant group too); group-relative methods override.
         """
-        return torch.ones(rewards.shape[0], dtype=torch.bool)
+        return torch.ones(rewards.shape[0], dtype=torch.bool, device=rewards.device)
 
     def reward_diagnostics(
         self,

@@ -111,7 +111,7 @@ class GDPONVLabsVerl(GDPO):
         token_mask, _ = numerics.all_gather_rows(mask.to(torch.float32), process_group, what=what)
         whitened = _verl_masked_whiten(values[:, None] * token_mask, token_mask, what)
         mine = whitened[offset:offset + n, :t]
-        return torch.where(mask, mine, torch.zeros((), dtype=torch.float32))
+        return torch.where(mask, mine, mine.new_zeros(()))
 
 
 GDPO.PRESETS = {cls.PRESET: cls for cls in (GDPONVLabsTRL, GDPONVLabsVerl)}
@@ -135,7 +135,7 @@ def _batch_order(ids: torch.Tensor) -> tuple[torch.Tensor, int]:
             f"{int(sizes.max())}; keep every group whole"
         )
     first = groups.broadcast(groups.first_member())
-    order = torch.argsort(first * max(n, 1) + torch.arange(n), stable=True)
+    order = torch.argsort(first * max(n, 1) + torch.arange(n, device=ids.device), stable=True)
     return order, int(sizes[0]) if n else 1
 
 
@@ -149,14 +149,14 @@ def _trl_decoupled(r32: torch.Tensor, ids: torch.Tensor, weights, eps: float) ->
         mean = column.view(-1, g).mean(dim=1).repeat_interleave(g, dim=0)
         std = column.view(-1, g).std(dim=1).repeat_interleave(g, dim=0)
         per_reward.append((column - mean) / (std + eps))
-    w = torch.tensor(tuple(weights), dtype=torch.float32)
+    w = torch.tensor(tuple(weights), dtype=torch.float32, device=r32.device)
     combined_laid_out = (torch.stack(per_reward, dim=1) * w.unsqueeze(0)).sum(dim=1)
     return torch.empty_like(combined_laid_out).index_copy_(0, order, combined_laid_out)
 
 
 def _verl_decoupled(r32: torch.Tensor, ids: torch.Tensor, eps: float) -> torch.Tensor:
     """NVlabs verl steps 1-2 in float32: each reward's GRPO outcome advantage per group, then the sum."""
-    combined = torch.zeros(r32.shape[0], dtype=torch.float32)
+    combined = torch.zeros(r32.shape[0], dtype=torch.float32, device=r32.device)
     for k in range(r32.shape[1]):
         scores = r32[:, k]
         z = torch.empty_like(scores)
@@ -164,7 +164,7 @@ def _verl_decoupled(r32: torch.Tensor, ids: torch.Tensor, eps: float) -> torch.T
             members = (ids == gid).nonzero().squeeze(1)
             vals = scores.index_select(0, members)
             if vals.shape[0] == 1:
-                mean, std = torch.tensor(0.0), torch.tensor(1.0)
+                mean, std = vals.new_tensor(0.0), vals.new_tensor(1.0)
             else:
                 mean, std = torch.mean(vals), torch.std(vals[None, :])
             z[members] = (vals - mean) / (std + eps)

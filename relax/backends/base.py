@@ -92,6 +92,17 @@ class TrainingBackend(abc.ABC):
         on_gpu = torch.cuda.is_available() and next(model.parameters()).is_cuda
         return "nccl" if on_gpu else "gloo"
 
+    @property
+    def device(self) -> torch.device:
+        """Where this rank's model computes. The actor moves each step's tensors, which the data plane
+        hands over on the CPU, here once after reading them. By default the device of the first
+        parameter of ``self.model``; a backend that keeps its parameters elsewhere overrides it."""
+        model = getattr(self, "model", None)
+        if isinstance(model, nn.Module):
+            for param in model.parameters():
+                return param.device
+        return torch.device("cpu")
+
     # -- training -----------------------------------------------------------------------------
 
     @abc.abstractmethod

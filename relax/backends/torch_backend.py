@@ -327,10 +327,12 @@ class TorchBackend(TrainingBackend):
 
     def state_dict(self) -> dict:
         """``model``: the whole weights, or with LoRA only the adapter payload (what the rollout and
-        the Hugging Face export merge into the base checkpoint)."""
+        the Hugging Face export merge into the base checkpoint). Every tensor is a CPU copy: the state
+        leaves this process (a checkpoint file, the driver), which may have no GPU; ``load_state_dict``
+        puts it back on the model's device."""
         return {
-            "model": self.export_weights() if self.lora else {k: v.detach().clone() for k, v in self.model.state_dict().items()},
-            "optimizer": copy.deepcopy(self.optimizer.state_dict()),
+            "model": self.export_weights(),
+            "optimizer": _cpu_copy(self.optimizer.state_dict()),
             "optimizer_param_names": optim.param_names(self.model, self.optimizer),
             "step": self.step,
         }
@@ -361,6 +363,17 @@ class TorchBackend(TrainingBackend):
 
             return adapter_payload(self.model)
         return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+
+
+def _cpu_copy(state):
+    """A deep copy of an optimizer ``state_dict`` with every tensor copied to the CPU."""
+    if isinstance(state, torch.Tensor):
+        return state.detach().to("cpu", copy=True)
+    if isinstance(state, Mapping):
+        return {k: _cpu_copy(v) for k, v in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(_cpu_copy(v) for v in state)
+    return copy.deepcopy(state)
 
 
 def _slices(n: int, micro_batch_size: int | None) -> list[slice]:

@@ -1,7 +1,8 @@
 """The trainer's models for a ``RunConfig``: policy, frozen reference and the forward adapter.
 
 The embedded default (no ``--hf-checkpoint``) is the shipped warm-up ``TinyCausalLM``; with
-``--hf-checkpoint`` a transformers ``*ForCausalLM`` loaded from that directory. Every process calls
+``--hf-checkpoint`` a transformers ``*ForCausalLM`` loaded from that directory. Both are placed on
+``device`` (default: ``default_device()``, the worker's GPU when it has one). Every process calls
 these with the same config, so the rollout's copy and every training rank start from the same
 weights without sending them around.
 """
@@ -16,6 +17,9 @@ from relax.models.batch import ForwardLogits, default_forward_logits
 
 
 def default_device() -> torch.device:
+    """A training worker's device: its GPU when it has one (Ray gives a worker without a GPU an empty
+    ``CUDA_VISIBLE_DEVICES``), else the CPU. The built-in model follows it too: loading it on the CPU
+    and moving it is bit for bit the CPU's weights."""
     return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
 
 
@@ -27,7 +31,7 @@ def build_policy_model(config: RunConfig, *, device=None, dtype=torch.float32) -
         return load_hf_model(config.hf_checkpoint, dtype=dtype, device=device or default_device())
     from relax.models.tiny.weights import load_warmup_model
 
-    return load_warmup_model(_task_checkpoint(config))
+    return load_warmup_model(_task_checkpoint(config)).to(device or default_device())
 
 
 def build_reference_model(config: RunConfig, *, device=None, dtype=torch.float32) -> nn.Module:
@@ -40,7 +44,7 @@ def build_reference_model(config: RunConfig, *, device=None, dtype=torch.float32
     else:
         from relax.models.tiny.weights import load_warmup_model
 
-        model = load_warmup_model(config.ref_load or _task_checkpoint(config))
+        model = load_warmup_model(config.ref_load or _task_checkpoint(config)).to(device or default_device())
     model.requires_grad_(False)
     return model.eval()
 

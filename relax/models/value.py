@@ -25,7 +25,7 @@ class ValueModel(nn.Module):
     def __init__(self, policy: nn.Module):
         super().__init__()
         self.trunk = policy
-        self.head = nn.Linear(_hidden_size(policy), 1)
+        self.head = nn.Linear(_hidden_size(policy), 1, device=next(policy.parameters()).device)  # beside the trunk
         nn.init.zeros_(self.head.weight)
         nn.init.zeros_(self.head.bias)
 

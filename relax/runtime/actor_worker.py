@@ -34,13 +34,13 @@ from relax.runtime.actor_metrics import (
     off_policy_weight_metrics,
     policy_health_shares,
 )
-from relax.runtime.fields import ATTENTION_FIELD, BATCH_FIELDS, AttachesDataPlane, token_batch
+from relax.runtime.fields import ATTENTION_FIELD, BATCH_FIELDS, AttachesDataPlane, to_device, token_batch
 from relax.runtime.losses import policy_loss_fn, zero_loss
 from relax.runtime.metrics import gpu_peak_mib
 from relax.runtime.reference_pass import reference_log_probs
 from relax.runtime.rollouts import plan_from_rollouts
 from relax.runtime.schedule import StepPlan, segment_slices, staleness_metrics
-from relax.runtime.weight_sync import ObjectStoreSync
+from relax.runtime.weight_sync import ObjectStoreSync, publish_dtype
 
 
 class ActorCore:
@@ -74,7 +74,8 @@ class ActorCore:
             (ATTENTION_FIELD,) if is_multi_turn(config) else ())  # environment turns (--env-path)
         self._cache: dict | None = None
         self._last_train_end: float | None = None
-        self.weight_sync = ObjectStoreSync()  # the weight route's training side (relax.runtime.weight_sync)
+        # the weight route's training side (relax.runtime.weight_sync), in the engines' dtype
+        self.weight_sync = ObjectStoreSync(publish_dtype(config))
 
     def init_process_group(self, address: str) -> bool:
         """Join the process group of all actor ranks at ``tcp://address``, then build the backend on it."""
@@ -110,8 +111,11 @@ class ActorCore:
         rewards = ("rewards",) if self.advantages_on_actor else ()
         fields = BATCH_FIELDS + rewards + self.sample_fields + extra
         read = self.data_plane.read(step, fields, f"actor{self.rank}", len(uids), uids)
-        batch = token_batch(read.fields) if uids else None
-        return {"step": step, "read": read, "batch": batch, "fields": dict(read.fields),
+        # The data plane hands CPU tensors: the whole shard moves to the model's device once, so that
+        # every tensor of the step (log-probs, advantages, loss inputs) meets the others there.
+        shard_fields = to_device(read.fields, self.backend.device)
+        batch = token_batch(shard_fields) if uids else None
+        return {"step": step, "read": read, "batch": batch, "fields": shard_fields,
                 "time/actor/data_read_s": time.perf_counter() - t0}
 
     def _add_log_probs(self, shard: dict) -> dict:
@@ -139,7 +143,7 @@ class ActorCore:
         t0 = time.perf_counter()
         self._cache = self._add_log_probs(self._read_shard(step, plan, ()))
         if self._cache["batch"] is not None and self.reference is not None and self.backend.writes_shared_fields:
-            self.data_plane.add_fields(self._cache["read"], {"kl": self._kl(self._cache).float()})
+            self.data_plane.add_fields(self._cache["read"], {"kl": self._kl(self._cache).float().cpu()})
         return {"time/actor/prepare_s": time.perf_counter() - t0}
 
     # -- advantages -------------------------------------------------------------------------------
@@ -158,7 +162,7 @@ class ActorCore:
             uids = plan.rank_uids(self.dp_rank)
             shard["fields"]["advantages"] = self.data_plane.read(
                 step, ("advantages",), f"actor{self.rank}_advantages", len(uids), uids
-            )["advantages"]
+            )["advantages"].to(self.backend.device, non_blocking=True)
 
     def _compute_advantages(self, plan: StepPlan, shard: dict, with_values: bool) -> None:
         """``compute_advantages`` on this shard with the data-parallel group: its batch statistics are
@@ -167,9 +171,9 @@ class ActorCore:
         if batch is None and self.dp_group is None:
             return
         if batch is None:
-            empty = torch.zeros((0, 1))
+            empty = torch.zeros((0, 1), device=self.backend.device)
             inputs = AdvantageInputs(
-                rewards=torch.zeros(0), response_mask=empty.bool(), values=empty if with_values else None,
+                rewards=empty.new_zeros(0), response_mask=empty.bool(), values=empty if with_values else None,
                 kl=empty if self.reference is not None else None, segment_sizes=seg,
             )
         else:

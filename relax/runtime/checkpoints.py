@@ -302,12 +302,12 @@ def prune_checkpoints(out: Path, keep: int) -> list[Path]:
 
 def restore_checkpoint(runtime, state: dict) -> None:
     """Load ``state`` into the live roles (the rollout also takes the actor's weights)."""
-    from relax.runtime.weight_sync import ObjectStoreSync
+    from relax.runtime.weight_sync import ObjectStoreSync, publish_dtype
 
     refs = [a.load_state_dict.remote(state["actor"]) for a in runtime.actors]
     # The rollout engines take the saved weights through the weight route, as after a training step:
     # one handle in the object store, which every rollout worker receives (--in-process: the handle itself).
-    weights = ObjectStoreSync().from_checkpoint(runtime.backend_cls, state["actor"]["backend"])
+    weights = ObjectStoreSync(publish_dtype(runtime.config)).from_checkpoint(runtime.backend_cls, state["actor"]["backend"])
     if not runtime.config.in_process:
         import ray
 

@@ -20,7 +20,7 @@ from relax.config.run import num_minibatches
 from relax.models.factory import build_policy_model
 from relax.models.value import ValueModel
 from relax.rollout.environments import is_multi_turn
-from relax.runtime.fields import AttachesDataPlane, batch_fields, token_batch
+from relax.runtime.fields import AttachesDataPlane, batch_fields, to_device, token_batch
 from relax.runtime.rollouts import plan_from_rollouts
 from relax.runtime.schedule import StepPlan, segment_slices
 
@@ -39,11 +39,11 @@ class CriticCore:
         t0 = time.perf_counter()
         read = self.data_plane.read(step, batch_fields(is_multi_turn(self.config)), "critic", plan.num_groups,
                                     plan.uids)
-        batch = token_batch(read.fields)
+        batch = token_batch(to_device(read.fields, self.backend.device))  # the data plane's CPU tensors
         # --max-tokens-per-micro-batch: padded micro-batches of at most that many tokens (else the whole step)
         budget_rows = token_budget.padded_rows_within(self.config.max_tokens_per_micro_batch, batch)
         values = self.backend.compute_values(batch, micro_batch_size=budget_rows)
-        self.data_plane.add_fields(read, {"values": values})
+        self.data_plane.add_fields(read, {"values": values.cpu()})
         self._cache = {"step": step, "batch": batch, "values": values}
         return {"time/critic/values_s": time.perf_counter() - t0}
 
@@ -52,7 +52,8 @@ class CriticCore:
         cache, self._cache = self._cache, None
         if cache is None or cache["step"] != step:
             raise RuntimeError(f"critic.train({step}) without critic.values({step}) first")
-        returns = self.data_plane.read(step, ("returns",), "critic_returns", plan.num_groups, plan.uids)["returns"].float()
+        returns = self.data_plane.read(step, ("returns",), "critic_returns", plan.num_groups, plan.uids)["returns"]
+        returns = returns.to(self.backend.device, non_blocking=True).float()
         batch, old_values = cache["batch"], cache["values"]
         parts = []
         for j, rows in enumerate(segment_slices(plan.segment_sizes)):

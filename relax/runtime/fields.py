@@ -1,7 +1,10 @@
 """What the worker roles share about the data plane: the fields of a sample's tokens, their
-``TokenBatch``, and attaching a worker to the run's TransferQueue."""
+``TokenBatch``, moving what a read returns (CPU tensors) to a model's device, and attaching a worker
+to the run's TransferQueue."""
 
 from __future__ import annotations
+
+import torch
 
 from relax.models.batch import TokenBatch
 
@@ -25,6 +28,13 @@ def token_batch(fields) -> TokenBatch:
         response_mask=fields["response_mask"].bool(),
         response_attention_mask=None if attended is None else attended.bool(),
     )
+
+
+def to_device(fields, device: torch.device) -> dict:
+    """``fields`` (a read's CPU tensors) with every tensor on ``device``, where the model computes. A
+    role writes back to the data plane on the CPU (``.cpu()``)."""
+    return {name: value.to(device, non_blocking=True) if isinstance(value, torch.Tensor) else value
+            for name, value in fields.items()}
 
 
 class AttachesDataPlane:

@@ -34,7 +34,20 @@ def policy_loss_fn(
     The output is checked (``check_policy_loss_output``): a non-scalar, non-float or non-finite loss
     stops the run naming the class, the method and ``step`` (when given), before any weight moves."""
 
+    inputs = {"old_log_probs": old_log_probs, "advantages": advantages, "response_mask": response_mask,
+              "ref_log_probs": ref_log_probs, "rollout_log_probs": rollout_log_probs}
+
+    def on(device: torch.device) -> dict:
+        # The mini-batch's tensors meet the backend's log-probs on their device: moved once (a no-op
+        # when the caller put them there), so that a micro-batch's rows index tensors on one device.
+        if any(t is not None and t.device != device for t in inputs.values()):
+            inputs.update({k: t.to(device, non_blocking=True) if t is not None else None for k, t in inputs.items()})
+        return inputs
+
     def loss_fn(tlp, micro: slice | torch.Tensor) -> PolicyLossOutput:
+        x = on(tlp.log_probs.device)
+        old_log_probs, advantages, response_mask = x["old_log_probs"], x["advantages"], x["response_mask"]
+        ref_log_probs, rollout_log_probs = x["ref_log_probs"], x["rollout_log_probs"]
         output = algorithm.policy_loss(
             PolicyLossInputs(
                 log_probs=tlp.log_probs,

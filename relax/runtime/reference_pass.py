@@ -28,6 +28,8 @@ def reference_log_probs(model: nn.Module, batch: TokenBatch, config: RunConfig) 
         return token_budget.packed_log_probs_within(model, batch, config.max_tokens_per_micro_batch,
                                                     temperature=temperature, truncation=truncation)
     forward = forward_logits_fn(config)
+    device = next(model.parameters()).device
+    batch = batch if batch.prompt_ids.device == device else batch.to(device)
     size = config.micro_batch_size or len(batch)
     parts = []
     for start in range(0, len(batch), size):

@@ -15,7 +15,8 @@ Every move of policy weights into a rollout engine goes through a ``WeightSync``
   resumed run loads its rollout engines exactly as training does.
 
 ``ObjectStoreSync`` is the transport of today: one contiguous byte buffer through Ray's object
-store (``relax.runtime.weights``). A second transport — an NCCL broadcast or CUDA IPC into a GPU
+store (``relax.runtime.weights``), in the dtype the rollout engines hold the policy in
+(``publish_dtype``): a bfloat16 engine is sent bfloat16, half the bytes of the trainer's float32. A second transport — an NCCL broadcast or CUDA IPC into a GPU
 engine — is a second ``WeightSync`` class; actor, pipeline and rollout worker do not change.
 """
 
@@ -28,6 +29,33 @@ from typing import Any
 import torch
 
 from relax.runtime.weights import PackedWeights, pack_weights
+
+
+def publish_dtype(config) -> torch.dtype | None:
+    """The dtype the run's rollout engines hold the policy in, when it is not the trainer's float32:
+    the vLLM engine's (bfloat16 with ``--bf16``). The transformers engine loads float32 (its log-probs
+    must match the trainer's) and the built-in engine the trainer's own dtype: None, sent as exported."""
+    from relax.rollout.engines import engine_name
+
+    if engine_name(config) != "vllm":
+        return None
+    from relax.models.hf.loading import resolve_dtype
+    from relax.rollout.vllm import factory
+
+    # the engine's own rule; a vLLM factory without one builds float32 engines
+    engine_dtype = getattr(factory, "engine_dtype", lambda config: "float32")
+    dtype = resolve_dtype(engine_dtype(config))
+    return None if dtype == torch.float32 else dtype
+
+
+def in_dtype(weights: Mapping[str, torch.Tensor], dtype: torch.dtype | None) -> Mapping[str, torch.Tensor]:
+    """``weights`` with every floating-point tensor cast to ``dtype`` (None, or a LoRA adapter payload:
+    ``weights`` unchanged)."""
+    from relax.models.hf.lora import is_adapter_payload
+
+    if dtype is None or is_adapter_payload(weights):
+        return weights
+    return {name: t.to(dtype) if t.is_floating_point() else t for name, t in weights.items()}
 
 
 class WeightSync(abc.ABC):
@@ -55,10 +83,17 @@ class WeightSync(abc.ABC):
 
 
 class ObjectStoreSync(WeightSync):
-    """Packed bytes through Ray's object store: one numpy buffer travels zero-copy, bit for bit."""
+    """Packed bytes through Ray's object store: one numpy buffer travels zero-copy, bit for bit.
+
+    ``dtype``: the floating-point weights are cast to it before they travel (None: as exported). A
+    LoRA adapter payload (``relax.models.hf.lora``) travels as exported: it is small, and the engine
+    merges it into its base weights in float32 before casting."""
+
+    def __init__(self, dtype: torch.dtype | None = None):
+        self.dtype = dtype
 
     def publish(self, weights: Mapping[str, torch.Tensor]) -> PackedWeights:
-        return pack_weights(weights)
+        return pack_weights(in_dtype(weights, self.dtype))
 
     def receive(self, handle, engine) -> None:
         # A plain mapping is accepted as well: in-process callers (tests, recipes) pass the

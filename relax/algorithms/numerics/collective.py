@@ -65,7 +65,7 @@ def all_gather_rows(
     world, rank = dist.get_world_size(process_group), dist.get_rank(process_group)
     width = local.shape[1] if local.dim() == 2 else 0
     shapes = torch.zeros(world, 3, dtype=torch.int64, device=local.device)
-    shapes[rank] = torch.tensor([local.shape[0], width, 1 if error else 0])
+    shapes[rank] = torch.tensor([local.shape[0], width, 1 if error else 0], device=local.device)
     _all_reduce(shapes, dist.ReduceOp.SUM, process_group)
     if int(shapes[:, 2].max()):
         raise ValueError(error or f"another rank in the process group reported a problem with {what}; "

@@ -41,7 +41,7 @@ def token_rewards(
                 f"kl_coef={kl_coef} shapes the rewards with a per-token KL, but AdvantageInputs.kl is None; "
                 "compute it from old and reference log-probs (numerics.kl_estimate) or set --kl-coef 0"
             )
-        r = r - kl_coef * torch.where(mask, kl.to(torch.float64), torch.zeros((), dtype=torch.float64))
+        r = r - kl_coef * torch.where(mask, kl.to(torch.float64), kl.new_zeros((), dtype=torch.float64))
     return r
 
 

@@ -32,6 +32,7 @@ from relax.config.fields import (
 # --rollout-engine (relax.rollout.engines)
 ROLLOUT_ENGINES = ("tiny", "hf", "vllm")
 LR_DECAY_STYLES = ("constant", "linear", "cosine")  # relax.backends.optim implements each
+SHARDING_MODES = ("none", "fsdp")  # relax.backends.sharding implements fsdp
 
 
 def _hook_flag(help: str) -> dict:
@@ -376,6 +377,11 @@ class RunConfig:
         "a sample passes (eval/pass@k) when its pass component is >= this; the pass component is "
         "--reward-key if given, else 'correct' if it is a reward key, else the first --reward-keys entry",
         group="evaluation", check=FINITE))
+    # -- sharding (relax.backends.sharding; docs/en/sharding.md) --
+    sharding: str = attrs.field(default="none", metadata=flag(
+        "fsdp: the torch backend shards parameters, gradients and Adam state (and the reference model) over "
+        "the --actor-num-workers data-parallel ranks (FSDP2), so each rank holds 1/N of them; none: every "
+        "rank holds the whole model", group="sharding", check=OneOf(SHARDING_MODES)))
 
     def total_optimizer_steps(self) -> int:
         """``total_optimizer_steps(self)`` (what the learning-rate schedule decays over)."""

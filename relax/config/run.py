@@ -381,7 +381,7 @@ class RunConfig:
     sharding: str = attrs.field(default="none", metadata=flag(
         "fsdp: the torch backend shards parameters, gradients and Adam state (and the reference model) over "
         "the --actor-num-workers data-parallel ranks (FSDP2), so each rank holds 1/N of them; none: every "
-        "rank holds the whole model", group="sharding", check=OneOf(SHARDING_MODES)))
+        "rank holds the whole model", group="placement and backends", check=OneOf(SHARDING_MODES)))
 
     def total_optimizer_steps(self) -> int:
         """``total_optimizer_steps(self)`` (what the learning-rate schedule decays over)."""

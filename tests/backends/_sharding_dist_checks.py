@@ -172,10 +172,50 @@ def reference(rank, pg):
     return out
 
 
-ORDER = ["fp32", "packed", "bf16", "checkpoint", "reference"]
+def hf(rank, pg):
+    """A transformers model (tied embeddings), sharded per decoder layer with --recompute-activations, gives
+    the replicated path's step; its gathered weights, exported as hf/, load with transformers."""
+    import tempfile
+
+    from transformers import AutoModelForCausalLM
+
+    from relax.backends.torch_backend import enable_recompute
+    from relax.models.hf.adapter import hf_forward_logits
+    from relax.models.hf.checkpoint import export_hf_checkpoint
+    from relax.models.hf.loading import load_hf_model
+
+    options = dict(lr=1e-3, forward_logits=hf_forward_logits)
+    model = load_hf_model(HF_DIR, dtype=torch.float32, device="cpu")
+    enable_recompute(model)
+    sharded = ShardedTorchBackend(model, process_group=pg, **options)
+    replicated = TorchBackend(load_hf_model(HF_DIR, dtype=torch.float32, device="cpu"), process_group=pg, **options)
+    batch, advantages = whole_batch(model.config.vocab_size)
+    mine = batch.select(ROWS[rank])
+    old = replicated.compute_log_probs(mine, micro_batch_size=2).log_probs
+    loss_fn = _loss_fn(mine, old, advantages[ROWS[rank]], float(batch.response_mask.sum()))
+    out = {"old_log_probs": _rel(sharded.compute_log_probs(mine, micro_batch_size=2).log_probs, old)}
+    a = replicated.train_step(mine, loss_fn, micro_batch_size=2)
+    b = sharded.train_step(mine, loss_fn, micro_batch_size=2)
+    out["loss"], out["grad_norm"] = [(a["loss"], b["loss"])], [(a["grad_norm"], b["grad_norm"])]
+    grads = dict(sharded.model.named_parameters())
+    out["grads"] = max(_rel(_full(grads[n].grad), p.grad) for n, p in replicated.model.named_parameters())
+    state = sharded.state_dict()
+    out["hf_loads"] = True
+    if rank == 0:
+        with tempfile.TemporaryDirectory() as tmp:
+            export_hf_checkpoint(state["model"], HF_DIR, tmp)
+            loaded = AutoModelForCausalLM.from_pretrained(tmp).state_dict()
+        out["hf_loads"] = all(torch.equal(loaded[k], v) for k, v in state["model"].items())
+    return out
 
 
-def run_rank(rank: int, port: int, queue, timeout_s: float, names=None) -> None:
+HF_DIR = None  # the parent's tiny random transformers checkpoint (run_rank's hf_dir)
+ORDER = ["fp32", "packed", "bf16", "checkpoint", "reference", "hf"]
+
+
+def run_rank(rank: int, port: int, queue, timeout_s: float, hf_dir: str, names=None) -> None:
+    global HF_DIR
+    HF_DIR = hf_dir
     torch.set_num_threads(1)
     results = {}
     try:

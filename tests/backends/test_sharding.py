@@ -31,11 +31,14 @@ def _free_port():
 
 
 @pytest.fixture(scope="module")
-def results():
+def results(tmp_path_factory):
+    from relax.models.hf.tiny_random import build_tiny_random_checkpoint
+
+    hf_dir = build_tiny_random_checkpoint(tmp_path_factory.mktemp("hf"), "qwen3", tie=True, hidden=32, layers=2)
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=checks.run_rank, args=(r, port, q, GLOO_TIMEOUT_S)) for r in range(checks.WORLD)]
+    procs = [ctx.Process(target=checks.run_rank, args=(r, port, q, GLOO_TIMEOUT_S, str(hf_dir))) for r in range(checks.WORLD)]
     for p in procs:
         p.start()
     out = {}
@@ -108,6 +111,16 @@ def test_sharded_checkpoint_resumes_exactly_with_any_number_of_ranks(results, ra
 def test_sharded_reference_gives_the_reference_pass(results, rank):
     res = results[rank]["reference"]
     assert res["padded"] <= 1e-6 and res["packed"] <= 1e-6 and res["empty_rank"] == 0.0, res
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("rank", range(checks.WORLD))
+def test_sharded_transformers_model_with_recompute_and_its_hf_export(results, rank):
+    res = results[rank]["hf"]
+    assert res["old_log_probs"] <= 1e-6
+    for replicated, sharded in res["loss"] + res["grad_norm"]:
+        assert sharded == pytest.approx(replicated, rel=1e-6, abs=1e-9)
+    assert res["grads"] <= 1e-6 and res["hf_loads"], res
 
 
 def test_decoder_layers_are_found_for_the_builtin_and_transformers_models():

@@ -63,8 +63,10 @@ def test_memory(monkeypatch):
     pytest.importorskip("transformers")
     pytest.importorskip("peft")  # the LoRA configuration
     results = smoke("memory", monkeypatch)
-    assert [r["config"] for r in results] == ["fp32", "bf16", "recompute", "bf16+recompute", "lora"]
+    assert [r["config"] for r in results] == ["fp32", "bf16", "recompute", "bf16+recompute", "lora", "fsdp x2"]
     assert all(r["peak_mib"] > 0 and r["step_s"] > 0 for r in results)
+    fp32, sharded = results[0], results[-1]
+    assert sharded["adam_mib"] < fp32["adam_mib"] and sharded["param_mib"] < fp32["param_mib"]
 
 
 def test_packing(monkeypatch):

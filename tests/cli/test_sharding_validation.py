@@ -35,7 +35,7 @@ def test_sharding_refuses_lora_and_a_model_without_decoder_layers(tmp_path, monk
     config = RunConfig(hf_checkpoint=path, sharding="fsdp", actor_num_workers=2)
     assert sharding.config_errors(config) == []  # its decoder layers are found (on the meta device)
     errors = sharding.config_errors(RunConfig(hf_checkpoint=path, sharding="fsdp", actor_num_workers=2, lora_rank=4))
-    assert any(e.startswith("--sharding fsdp does not shard LoRA adapters (--lora-rank)") for e in errors)
+    assert any(e.startswith("--sharding fsdp does not shard a LoRA model (--lora-rank)") for e in errors)
     monkeypatch.setattr(sharding, "decoder_layers", lambda model: None)  # a model of another layout
     [error] = sharding.config_errors(config)
     assert error.startswith("--sharding fsdp: Qwen3ForCausalLM") and "drop --sharding" in error

@@ -114,7 +114,8 @@ class ShardedTorchBackend(TorchBackend):
         """Rank 0: whole tensors in ``TorchBackend.state_dict``'s format (the other ranks join, keep nothing)."""
         self.model.reshard()
         return {
-            "model": sharding.gathered(self.model.state_dict().items(), self._keeps),
+            "model": self.export_weights() if self.lora else sharding.gathered(self.model.state_dict().items(),
+                                                                               self._keeps),
             "optimizer": sharding.gathered_optimizer_state(self.optimizer, self._keeps),
             "optimizer_param_names": optim.param_names(self.model, self.optimizer),
             "step": self.step,
@@ -128,12 +129,19 @@ class ShardedTorchBackend(TorchBackend):
         if missing:
             raise KeyError(f"TorchBackend state is missing {sorted(missing)}; was it saved by TorchBackend.state_dict()?")
         self.model.reshard()
-        current = self.model.state_dict()
+        if self.lora:
+            from relax.models.hf.lora import load_adapter
+
+            load_adapter(_AdapterView(self.model, {n: _ShardWriter(p) for n, p in self._lora_params()}), state["model"])
+            current = {}
+        else:
+            current = self.model.state_dict()
         absent = sorted(set(current) - set(state["model"]))
         if absent:
             raise KeyError(f"the checkpoint's weights lack {absent[:4]}: was it saved with another model?")
-        self.model.load_state_dict({name: sharding.local_shard(state["model"][name], like)
-                                    for name, like in current.items()})
+        if current:
+            self.model.load_state_dict({name: sharding.local_shard(state["model"][name], like)
+                                        for name, like in current.items()})
         names = optim.param_names(self.model, self.optimizer)
         saved_names = state.get("optimizer_param_names") or [n for n, p in self.model.named_parameters()
                                                               if p.requires_grad]
@@ -142,6 +150,37 @@ class ShardedTorchBackend(TorchBackend):
         self.step = int(state["step"])
 
     def export_weights(self) -> dict[str, torch.Tensor]:
-        """Rank 0: the whole weights on the CPU, gathered one tensor at a time (a collective)."""
+        """Rank 0: the whole weights on the CPU, gathered one tensor at a time (a collective); with LoRA
+        the adapter payload of the gathered adapters."""
         self.model.reshard()
+        if self.lora:
+            from relax.models.hf.lora import adapter_payload
+
+            whole = sharding.gathered(self._lora_params(), self._keeps)
+            return adapter_payload(_AdapterView(self.model, whole)) if self._keeps else {}
         return sharding.gathered(self.model.state_dict().items(), self._keeps)
+
+    def _lora_params(self) -> list[tuple[str, torch.Tensor]]:
+        return [(n, p) for n, p in self.model.named_parameters() if ".lora_" in n]
+
+
+class _AdapterView:
+    """What ``relax.models.hf.lora`` reads of a peft model (its settings and its LoRA parameters), over
+    other tensors: the whole ones gathered from the shards, or writers into this rank's shards."""
+
+    def __init__(self, model: nn.Module, params: dict):
+        self.peft_config = model.peft_config
+        self._params = params
+
+    def named_parameters(self):
+        return iter(self._params.items())
+
+
+class _ShardWriter:
+    """``copy_(whole)`` writes this rank's shard of ``whole`` into the sharded parameter."""
+
+    def __init__(self, param: torch.Tensor):
+        self.param = param
+
+    def copy_(self, whole: torch.Tensor) -> None:
+        self.param.copy_(sharding.local_shard(whole, self.param))

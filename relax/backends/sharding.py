@@ -59,9 +59,6 @@ def config_errors(config: RunConfig) -> list[str]:
     if config.actor_num_workers < 2:
         errors.append(f"--sharding fsdp shards over the data-parallel ranks, and --actor-num-workers "
                       f"{config.actor_num_workers} gives one: pass --actor-num-workers 2 or more, or drop --sharding")
-    if config.lora_rank:
-        errors.append("--sharding fsdp does not shard a LoRA model (--lora-rank): its adapter export and restore "
-                      "read whole tensors; drop --sharding or --lora-rank")
     if config.hf_checkpoint:
         missing = _hf_without_layers(config.hf_checkpoint)
         if missing:

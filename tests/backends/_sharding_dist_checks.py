@@ -209,8 +209,51 @@ def hf(rank, pg):
     return out
 
 
+def lora(rank, pg):
+    """LoRA adapters on a sharded transformers model: the replicated path's step, the same adapter payload,
+    and a checkpoint that resumes exactly."""
+    from relax.models.hf.adapter import hf_forward_logits
+    from relax.models.hf.loading import load_hf_model
+    from relax.models.hf.lora import wrap_with_lora
+
+    def build():
+        model = load_hf_model(HF_DIR, dtype=torch.float32, device="cpu")
+        return wrap_with_lora(model, rank=4, alpha=8.0, dropout=0.0, target_modules=("all-linear",))
+
+    options = dict(lr=1e-2, forward_logits=hf_forward_logits)
+    torch.manual_seed(1)  # peft draws lora_A at random: the same draw for both copies
+    replicated = TorchBackend(build(), process_group=pg, **options)
+    torch.manual_seed(1)
+    sharded = ShardedTorchBackend(build(), process_group=pg, **options)
+    batch, advantages = whole_batch(replicated.model.config.vocab_size)
+    mine = batch.select(ROWS[rank])
+    old = replicated.compute_log_probs(mine, micro_batch_size=2).log_probs
+    loss_fn = _loss_fn(mine, old, advantages[ROWS[rank]], float(batch.response_mask.sum()))
+    out = {"loss": [], "grad_norm": []}
+    for _ in range(2):  # the second step's loss reads the first step's (trained) adapters
+        a = replicated.train_step(mine, loss_fn, micro_batch_size=2)
+        b = sharded.train_step(mine, loss_fn, micro_batch_size=2)
+        out["loss"].append((a["loss"], b["loss"]))
+        out["grad_norm"].append((a["grad_norm"], b["grad_norm"]))
+    mine_payload, theirs = sharded.export_weights(), replicated.export_weights()
+    state = [sharded.state_dict()]
+    dist.broadcast_object_list(state, src=0, group=pg)  # the runtime hands rank 0's state to every rank
+    state = state[0]
+    torch.manual_seed(2)
+    resumed = ShardedTorchBackend(build(), process_group=pg, **options)
+    resumed.load_state_dict(state)
+    c, d = sharded.train_step(mine, loss_fn, micro_batch_size=2), resumed.train_step(mine, loss_fn, micro_batch_size=2)
+    out["resumed_loss"] = (c["loss"], d["loss"])
+    if rank == 0:
+        out["same_keys"] = sorted(mine_payload) == sorted(theirs)
+        out["payload"] = max(_rel(mine_payload[k].float(), theirs[k].float()) for k in theirs if "lora_" in k)
+    else:
+        out["same_keys"], out["payload"] = mine_payload == {}, 0.0
+    return out
+
+
 HF_DIR = None  # the parent's tiny random transformers checkpoint (run_rank's hf_dir)
-ORDER = ["fp32", "packed", "bf16", "checkpoint", "reference", "hf"]
+ORDER = ["fp32", "packed", "bf16", "checkpoint", "reference", "hf", "lora"]
 
 
 def run_rank(rank: int, port: int, queue, timeout_s: float, hf_dir: str, names=None) -> None:

@@ -123,6 +123,17 @@ def test_sharded_transformers_model_with_recompute_and_its_hf_export(results, ra
     assert res["grads"] <= 1e-6 and res["hf_loads"], res
 
 
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("rank", range(checks.WORLD))
+def test_sharded_lora_gives_the_replicated_steps_payload_and_resumes_exactly(results, rank):
+    res = results[rank]["lora"]
+    for replicated, sharded in res["loss"] + res["grad_norm"]:
+        assert sharded == pytest.approx(replicated, rel=1e-6, abs=1e-9)
+    a, b = res["resumed_loss"]
+    assert a == b and res["same_keys"], res
+    assert res["payload"] <= 1e-3, res  # two Adam steps on the adapters (see the weights comparison above)
+
+
 def test_decoder_layers_are_found_for_the_builtin_and_transformers_models():
     from torch import nn
 

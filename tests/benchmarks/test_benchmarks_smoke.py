@@ -58,7 +58,7 @@ def test_hf_rollout(monkeypatch):
     assert all(v > 0 for v in result["tokens_per_s"].values())
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(420)  # six processes, two of them the ranks of the sharded configuration
 def test_memory(monkeypatch):
     pytest.importorskip("transformers")
     pytest.importorskip("peft")  # the LoRA configuration

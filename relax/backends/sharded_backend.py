@@ -79,7 +79,7 @@ class ShardedTorchBackend(TorchBackend):
         try:
             if len(batch) == 0:  # a rank without rows this step: it still joins every pass
                 list(self._micro_batches(batch, micro_batch_size, with_entropy=with_entropy))
-                empty = torch.zeros(batch.response_mask.shape, dtype=torch.float32)
+                empty = torch.zeros(batch.response_mask.shape, dtype=torch.float32, device=batch.response_mask.device)
                 return TokenLogProbs(log_probs=empty, entropy=empty.clone() if with_entropy else None)
             return super().compute_log_probs(batch, with_entropy=with_entropy, micro_batch_size=micro_batch_size)
         finally:

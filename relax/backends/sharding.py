@@ -117,12 +117,6 @@ def shard_model(model: nn.Module, group: dist.ProcessGroup, *, bf16: bool) -> nn
     return model
 
 
-def is_sharded(model: nn.Module) -> bool:
-    from torch.distributed.fsdp import FSDPModule
-
-    return isinstance(model, FSDPModule)
-
-
 def agreed_passes(local: int, group: dist.ProcessGroup, device: torch.device) -> int:
     """The most forward passes any rank of ``group`` has to run (each rank runs that many)."""
     count = torch.tensor([local], dtype=torch.long, device=device)

@@ -9,7 +9,8 @@ What differs from the replicated ``TorchBackend``:
 - every rank runs the same number of forward (and backward) passes per call, the missing ones on one
   dummy token with a zero loss (``_idle_pass``), since each pass gathers layers from every rank;
 - ``state_dict`` / ``export_weights`` are collectives (``gathers_on_all_ranks``) that hand rank 0 whole
-  tensors in the replicated format; ``load_state_dict`` cuts each rank's shard out of whole tensors;
+  tensors in the replicated format (with LoRA: the adapter payload of the gathered adapters);
+  ``load_state_dict`` cuts each rank's shard out of whole tensors;
 - the frozen reference model is sharded the same way (``shard_frozen``) and runs its passes through
   the same lock-step (``frozen_log_probs``).
 """

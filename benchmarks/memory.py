@@ -16,8 +16,14 @@ activations), with glibc's mmap threshold fixed so freed tensors go back to the 
 time on CUDA; on CPU the process's CPU time (median), which other jobs on a shared machine do not
 inflate. Ratios are against float32 measured in the same run.
 
+Sharded (``--sharding fsdp``) at 2 and 4 ranks: the ranks are processes on one gloo group, built by
+``TorchBackend.for_policy`` with the process group as ``relax train --actor-num-workers N`` builds them,
+each training on its 1/N of the batch. Their rows report the bytes of parameters, gradients and Adam
+state this rank holds (its shards), against the replicated ``fp32`` rank's (whole tensors); the
+largest rank's count is shown (shards differ by at most one row).
+
     python benchmarks/memory.py [--samples 4] [--prompt-len 64] [--response-len 192] [--repeats 3]
-    python benchmarks/memory.py --smoke     # a tiny model, one step each: for the test suite
+    python benchmarks/memory.py --smoke     # a tiny model, one step each (sharded: 2 ranks): for the test suite
 """
 
 from __future__ import annotations
@@ -38,6 +44,8 @@ CONFIGS = {
     "recompute": {"recompute_activations": True},
     "bf16+recompute": {"bf16": True, "recompute_activations": True},
     "lora": {"lora_rank": 16, "lora_alpha": 32.0},  # adapters on every linear layer; needs peft
+    "fsdp x2": {"sharding": "fsdp", "actor_num_workers": 2},  # one process per rank (--sharding fsdp)
+    "fsdp x4": {"sharding": "fsdp", "actor_num_workers": 4},
 }
 
 
@@ -80,7 +88,17 @@ def worker(args) -> dict:
     baseline = 0 if cuda else _rss_kib("VmRSS")
     config = RunConfig(hf_checkpoint=args.checkpoint, lr=1e-5, **CONFIGS[args.worker])
     model = build_policy_model(config)
-    backend = TorchBackend.for_policy(config, model)
+    group = None
+    if config.actor_num_workers > 1:  # one rank of a sharded group (main starts one process per rank)
+        import torch.distributed as dist
+
+        dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{args.port}",
+                                rank=args.rank, world_size=config.actor_num_workers)
+        group = dist.group.WORLD
+        if cuda:
+            torch.cuda.set_device(args.rank % torch.cuda.device_count())
+            model = model.to(torch.cuda.current_device())
+    backend = TorchBackend.for_policy(config, model, process_group=group)
 
     n, p, t = args.samples, args.prompt_len, args.response_len
     g = torch.Generator().manual_seed(0)
@@ -94,8 +112,11 @@ def worker(args) -> dict:
     )
     algorithm = GRPO(AlgorithmConfig())
     advantages = torch.randn(n, 1, generator=g).expand_as(response_mask) * response_mask
+    tokens = float(response_mask.sum())  # the whole batch's: every rank's loss divides by it
+    if group is not None:  # this rank's rows of the batch
+        rows = slice(args.rank * n // config.actor_num_workers, (args.rank + 1) * n // config.actor_num_workers)
+        batch, advantages, response_mask = batch.select(rows), advantages[rows], response_mask[rows]
     old = backend.compute_log_probs(batch).log_probs
-    tokens = float(response_mask.sum())
 
     def loss_fn(lp, rows):
         return algorithm.policy_loss(PolicyLossInputs(
@@ -120,6 +141,9 @@ def worker(args) -> dict:
         peaks.append(torch.cuda.max_memory_allocated() if cuda else (_rss_kib("VmHWM") - baseline) * 1024)
     params = sum(p.numel() for p in backend.model.parameters())
     trainable = sum(p.numel() for p in backend.model.parameters() if p.requires_grad)
+    held = _held_bytes(backend)
+    if group is not None:
+        torch.distributed.destroy_process_group()
     return {
         "config": args.worker,
         "device": "cuda" if cuda else "cpu",
@@ -131,6 +155,24 @@ def worker(args) -> dict:
         "peak_mib": max(peaks) / 2**20,
         "optimizer_mib": optimizer_state_bytes(backend.optimizer) / 2**20,
         "weights_mib": sum(p.numel() * p.element_size() for p in backend.model.parameters()) / 2**20,
+        **{f"{name}_mib": value / 2**20 for name, value in held.items()},
+    }
+
+
+def _held_bytes(backend) -> dict[str, int]:
+    """Bytes of parameters, gradients and optimizer state this rank holds (a sharded tensor: its shard)."""
+    from torch.distributed.tensor import DTensor
+
+    from relax.backends.optim import optimizer_state_bytes
+
+    def local(t):
+        return t.to_local() if isinstance(t, DTensor) else t
+
+    params = list(backend.model.parameters())
+    return {
+        "param": sum(local(p).numel() * p.element_size() for p in params),
+        "grad": sum(local(p.grad).numel() * p.grad.element_size() for p in params if p.grad is not None),
+        "adam": optimizer_state_bytes(backend.optimizer),
     }
 
 
@@ -147,11 +189,14 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     parser.add_argument("--worker", choices=list(CONFIGS), help=argparse.SUPPRESS)
     parser.add_argument("--checkpoint", help=argparse.SUPPRESS)
+    parser.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--smoke", action="store_true", help="a tiny model, one step each: checks that it runs")
     args = parser.parse_args(argv)
     if args.smoke:
         args.hidden, args.layers, args.vocab, args.repeats = 64, 1, 512, 1
         args.samples, args.prompt_len, args.response_len = 2, 8, 8
+        args.configs = [c for c in args.configs if c != "fsdp x4"]  # two ranks show the sharded path runs
     if args.worker:
         print(json.dumps(worker(args)))
         return []
@@ -166,8 +211,7 @@ def main(argv=None) -> list[dict]:
                    "--samples", str(args.samples), "--prompt-len", str(args.prompt_len),
                    "--response-len", str(args.response_len), "--repeats", str(args.repeats),
                    "--threads", str(args.threads)]
-            out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
-            results.append(json.loads(out.stdout.strip().splitlines()[-1]))
+            results.append(_run_ranks(cmd, CONFIGS[name].get("actor_num_workers", 1), env))
     ref = results[0]
     print(f"model: {ref['params'] / 1e6:.1f}M parameters (hidden {args.hidden}, {args.layers} layers, vocab "
           f"{args.vocab}); batch {args.samples} x ({args.prompt_len} + {args.response_len}) tokens; {ref['device']}")
@@ -177,7 +221,37 @@ def main(argv=None) -> list[dict]:
     for r in results:
         print(f"{r['config']:<16}{r['peak_mib']:>10.0f}{r['peak_mib'] / ref['peak_mib']:>10.2f}{r['step_s']:>9.2f}"
               f"{r['step_s'] / ref['step_s']:>10.2f}{r['optimizer_mib']:>10.1f}{r['trainable'] / 1e6:>9.2f}M")
+    print(f"\nper rank, MiB held    {'params':>9}{'grads':>9}{'Adam':>9}{'total':>9}{'x ' + ref['config']:>9}")
+    for r in results:
+        total = r["param_mib"] + r["grad_mib"] + r["adam_mib"]
+        base = ref["param_mib"] + ref["grad_mib"] + ref["adam_mib"]
+        print(f"{r['config']:<22}{r['param_mib']:>9.1f}{r['grad_mib']:>9.1f}{r['adam_mib']:>9.1f}{total:>9.1f}"
+              f"{total / base:>9.2f}")
     return results
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run_ranks(cmd: list[str], ranks: int, env: dict) -> dict:
+    """One worker process, or one per rank of a sharded group: the rank holding the most."""
+    if ranks == 1:
+        out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
+        return json.loads(out.stdout.strip().splitlines()[-1])
+    port = str(_free_port())
+    procs = [subprocess.Popen(cmd + ["--rank", str(r), "--port", port], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for r in range(ranks)]
+    outs = [p.communicate() for p in procs]
+    for p, (_, err) in zip(procs, outs):
+        if p.returncode:
+            raise RuntimeError(f"a rank of {cmd[cmd.index('--worker') + 1]} failed:\n{err[-2000:]}")
+    per_rank = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
+    return max(per_rank, key=lambda r: r["param_mib"] + r["grad_mib"] + r["adam_mib"])
 
 
 if __name__ == "__main__":

@@ -35,6 +35,11 @@ class TrainingBackend(abc.ABC):
     - ``supports_critic``: ``for_critic`` can build a value-head backend (PPO's critic).
     - ``packs_micro_batches``: the policy's passes honour ``--max-tokens-per-micro-batch``
       (token-budget, padding-free micro-batches; ``relax.models.packing``).
+    - ``sharding_modes``: the ``--sharding`` values it implements (``none``: whole weights per rank).
+
+    ``forward_is_collective`` (per instance): every forward pass gathers weights from all ranks, so a
+    rank without rows still joins each pass; the frozen reference then goes through ``shard_frozen``
+    and ``frozen_log_probs`` (``relax.backends.sharded_backend``).
 
     Per-instance data-parallel identity (set by the constructor): ``dp_rank`` / ``dp_size`` choose
     this rank's data shard, ``dp_group`` is the process group of the ranks holding different shards
@@ -46,11 +51,13 @@ class TrainingBackend(abc.ABC):
     gathers_on_all_ranks: ClassVar[bool] = False
     supports_critic: ClassVar[bool] = False
     packs_micro_batches: ClassVar[bool] = False
+    sharding_modes: ClassVar[tuple[str, ...]] = ("none",)
 
     dp_rank: int = 0
     dp_size: int = 1
     dp_group = None
     writes_shared_fields: bool = True
+    forward_is_collective: bool = False
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -126,6 +133,15 @@ class TrainingBackend(abc.ABC):
         """The critic's per-token values ``[N, T]`` of the response tokens, without gradients (a
         backend built by ``for_critic``; required when ``supports_critic``)."""
         raise NotImplementedError(f"--backend {self.name} has no critic (value-head) backend")
+
+    def shard_frozen(self, model: nn.Module) -> nn.Module:
+        """The frozen reference model as this backend's ranks hold it (``forward_is_collective``: sharded)."""
+        return model
+
+    def frozen_log_probs(self, model: nn.Module, batch: TokenBatch, *, micro_batch_size: int | None) -> torch.Tensor:
+        """``[N, T]`` log-probs of a ``shard_frozen`` model, with every rank in lock-step (only when
+        ``forward_is_collective``; otherwise the runtime runs the reference pass itself)."""
+        raise NotImplementedError(f"--backend {self.name} runs no collective reference pass")
 
     # -- state ----------------------------------------------------------------------------------
 

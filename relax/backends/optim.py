@@ -56,8 +56,11 @@ def adam_kwargs(config: RunConfig) -> dict:
 
 def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
     """Bytes held by the optimizer's state tensors (Adam: two moments per parameter, and the steps)."""
+    from torch.distributed.tensor import DTensor
+
+    # a sharded state tensor (--sharding fsdp) counts this rank's shard
     return sum(
-        v.numel() * v.element_size()
+        (v.to_local() if isinstance(v, DTensor) else v).numel() * v.element_size()
         for state in optimizer.state.values()
         for v in state.values()
         if isinstance(v, torch.Tensor)

@@ -47,6 +47,9 @@ def config_errors(config) -> list[str]:
     if config.max_tokens_per_micro_batch is not None and not entry.packs_micro_batches:
         errors.append(f"--max-tokens-per-micro-batch is implemented for --backend torch only; drop it "
                       f"(--micro-batch-size sizes the {config.backend} backend's micro-batches) or use --backend torch")
+    if config.sharding not in entry.sharding_modes:
+        errors.append(f"--sharding {config.sharding} is implemented for --backend torch only; drop it (the "
+                      f"{config.backend} backend shards with its own parallelism flags) or use --backend torch")
     return errors
 
 

@@ -104,12 +104,15 @@ class TorchBackend(TrainingBackend):
 
     name = "torch"
     supports_critic = True
+    sharding_modes = ("none", "fsdp")  # --sharding fsdp: relax.backends.sharded_backend
     packs_micro_batches = True
 
     @classmethod
     def config_errors(cls, config: RunConfig) -> list[str]:
         """What a ``RunConfig`` asks of ``--backend torch`` that it cannot do."""
-        errors = optim.config_errors(config) + lora_config_errors(config)
+        from relax.backends.sharding import config_errors as sharding_errors
+
+        errors = optim.config_errors(config) + lora_config_errors(config) + sharding_errors(config)
         tp, pp = config.tensor_model_parallel_size, config.pipeline_model_parallel_size
         if tp != 1 or pp != 1:
             errors.append(
@@ -129,6 +132,10 @@ class TorchBackend(TrainingBackend):
 
             model = wrap_with_lora(model, rank=config.lora_rank, alpha=config.lora_alpha,
                                    dropout=config.lora_dropout, target_modules=config.lora_target_modules)
+        if config.sharding != "none" and process_group is not None:  # --sharding fsdp (relax.backends.sharding)
+            from relax.backends.sharded_backend import ShardedTorchBackend
+
+            cls = ShardedTorchBackend
         return cls(model, clip_grad=config.clip_grad, temperature=config.rollout_temperature,
                    truncation=Truncation.of_run(config), process_group=process_group,
                    forward_logits=forward_logits_fn(config),

@@ -32,6 +32,7 @@ from relax.config.fields import (
 # --rollout-engine (relax.rollout.engines)
 ROLLOUT_ENGINES = ("tiny", "hf", "vllm")
 LR_DECAY_STYLES = ("constant", "linear", "cosine")  # relax.backends.optim implements each
+SHARDING_MODES = ("none", "fsdp")  # relax.backends.sharding implements fsdp
 
 
 def _hook_flag(help: str) -> dict:
@@ -381,6 +382,11 @@ class RunConfig:
         "share of its GPU's memory the vllm engine may take (weights, activations, KV cache); default 0.5 "
         "when the rollout worker shares its GPU with an actor rank, 0.9 with a GPU of its own",
         group="placement and backends", check=Range(gt=0, le=1), metavar="FRACTION"))
+    # -- sharding (relax.backends.sharding; docs/en/sharding.md) --
+    sharding: str = attrs.field(default="none", metadata=flag(
+        "fsdp: the torch backend shards parameters, gradients and Adam state (and the reference model) over "
+        "the --actor-num-workers data-parallel ranks (FSDP2), so each rank holds 1/N of them; none: every "
+        "rank holds the whole model", group="placement and backends", check=OneOf(SHARDING_MODES)))
 
     def total_optimizer_steps(self) -> int:
         """``total_optimizer_steps(self)`` (what the learning-rate schedule decays over)."""

@@ -82,6 +82,8 @@ class ActorCore:
         dist.init_process_group(self.backend_cls.process_group_kind(self.model), init_method=f"tcp://{address}",
                                 rank=self.rank, world_size=self.world_size)
         self.backend = self.backend_cls.for_policy(self.config, self.model, process_group=dist.group.WORLD)
+        if self.reference is not None:  # sharded with the policy when the backend shards (--sharding)
+            self.reference = self.backend.shard_frozen(self.reference)
         return True
 
     @property
@@ -121,6 +123,12 @@ class ActorCore:
     def _add_log_probs(self, shard: dict) -> dict:
         """Old (and reference) log-probs of the shard, before any update of this step."""
         batch = shard["batch"]
+        if batch is None and self.backend.forward_is_collective:
+            # sharded weights (--sharding): every pass gathers from all ranks, so a rank without rows
+            # still joins the others' passes (with no rows of its own)
+            self.backend.compute_log_probs(_empty_batch().select(slice(0, 0)), with_entropy=True)
+            if self.reference is not None:
+                self._reference_log_probs(_empty_batch().select(slice(0, 0)))
         if batch is not None:
             mb = self.config.micro_batch_size
             # The entropy comes with the same forward pass: it is logged on every step whatever the
@@ -128,8 +136,13 @@ class ActorCore:
             old = self.backend.compute_log_probs(batch, micro_batch_size=mb, with_entropy=True)
             shard["old_log_probs"], shard["old_entropy"] = old.log_probs, old.entropy
             if self.reference is not None:
-                shard["ref_log_probs"] = reference_log_probs(self.reference, batch, self.config)
+                shard["ref_log_probs"] = self._reference_log_probs(batch)
         return shard
+
+    def _reference_log_probs(self, batch: TokenBatch) -> torch.Tensor:
+        if self.backend.forward_is_collective:  # a sharded reference: the backend keeps the ranks in step
+            return self.backend.frozen_log_probs(self.reference, batch, micro_batch_size=self.config.micro_batch_size)
+        return reference_log_probs(self.reference, batch, self.config)
 
     def _kl(self, shard: dict) -> torch.Tensor:
         """The reward-side per-token KL to the reference (estimator: ``--kl-loss-type``), zero outside

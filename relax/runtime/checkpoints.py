@@ -170,8 +170,9 @@ def save_checkpoint(runtime, out: Path, step: int, timeout: float | None = None)
     """Write the live roles' state for ``step``; returns the ``state.pt`` path. With
     ``--keep-checkpoints N`` the oldest checkpoints beyond N are deleted once this one is written.
     ``timeout`` bounds the wait for the workers' states (``WorkerDied`` when it runs out)."""
-    # A backend that gathers its state over all ranks (a collective) is asked on every rank.
-    actors = runtime.actors if runtime.backend_cls.gathers_on_all_ranks else runtime.actors[:1]
+    # Every rank is asked: one whose backend gathers its state over all ranks (a collective: Megatron,
+    # --sharding fsdp) joins in, the others answer None at once (rank 0 holds the state).
+    actors = runtime.actors
     refs = [a.state_dict.remote() for a in actors] + [w.state_dict.remote() for w in runtime.rollouts]
     if runtime.critic is not None:
         refs.append(runtime.critic.state_dict.remote())

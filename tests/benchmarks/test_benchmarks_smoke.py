@@ -83,13 +83,15 @@ def test_hf_rollout(monkeypatch):
     assert set(result["tokens_per_s"]) == {"hf_engine", "hf_engine_dynamic", "generate", "generate_with_scores"}
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(420)  # six processes, two of them the ranks of the sharded configuration
 def test_memory(monkeypatch):
     pytest.importorskip("transformers")
     pytest.importorskip("peft")  # the LoRA configuration
     results = smoke("memory", monkeypatch)
-    assert [r["config"] for r in results] == ["fp32", "bf16", "recompute", "bf16+recompute", "lora"]
+    assert [r["config"] for r in results] == ["fp32", "bf16", "recompute", "bf16+recompute", "lora", "fsdp x2"]
     assert all(r["peak_mib"] > 0 and r["step_s"] > 0 for r in results)
+    fp32, sharded = results[0], results[-1]
+    assert sharded["adam_mib"] < fp32["adam_mib"] and sharded["param_mib"] < fp32["param_mib"]
 
 
 def test_packing(monkeypatch):

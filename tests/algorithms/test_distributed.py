@@ -7,9 +7,6 @@ raise; a hang fails the test through the join timeout (and the gloo timeout insi
 """
 
 import math
-import multiprocessing as mp
-import queue as queue_module
-import socket
 import sys
 from pathlib import Path
 
@@ -21,43 +18,19 @@ import _algorithms_dist_checks as checks  # noqa: E402  (spawned children import
 
 from relax.algorithms import AdvantageInputs  # noqa: E402
 from relax.algorithms import numerics  # noqa: E402
+from spawned_ranks import spawn_ranks  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 GLOO_TIMEOUT_S = 30
 JOIN_TIMEOUT_S = 90
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def results():
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=checks.run_rank, args=(r, port, q, GLOO_TIMEOUT_S)) for r in range(checks.WORLD)]
-    for p in procs:
-        p.start()
-    out = {}
-    try:
-        for _ in procs:
-            rank, res = q.get(timeout=JOIN_TIMEOUT_S)
-            out[rank] = res
-    except queue_module.Empty:
-        pytest.fail(f"a rank did not report within {JOIN_TIMEOUT_S}s (hang?); got ranks {sorted(out)}")
-    finally:
-        for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
-                p.join()
+    out, exit_codes = spawn_ranks(checks.run_rank, checks.WORLD, GLOO_TIMEOUT_S, join_timeout_s=JOIN_TIMEOUT_S)
     for rank in range(checks.WORLD):
-        assert "__fatal__" not in out[rank], out[rank]["__fatal__"]
         assert list(out[rank]) == checks.ORDER
-    assert [p.exitcode for p in procs] == [0, 0]
+    assert exit_codes == [0, 0]
     return out
 
 

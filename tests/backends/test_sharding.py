@@ -7,9 +7,6 @@ the tests compare what the ranks report. A hang fails through the join timeout.
 
 from __future__ import annotations
 
-import multiprocessing as mp
-import queue as queue_module
-import socket
 import sys
 from pathlib import Path
 
@@ -19,15 +16,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _sharding_dist_checks as checks  # noqa: E402  (spawned children import it by this name)
 
 from relax.backends import sharding  # noqa: E402
+from spawned_ranks import spawn_ranks  # noqa: E402
 
 GLOO_TIMEOUT_S = 60
 JOIN_TIMEOUT_S = 200
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -35,27 +27,7 @@ def results(tmp_path_factory):
     from relax.models.hf.tiny_random import build_tiny_random_checkpoint
 
     hf_dir = build_tiny_random_checkpoint(tmp_path_factory.mktemp("hf"), "qwen3", tie=True, hidden=32, layers=2)
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=checks.run_rank, args=(r, port, q, GLOO_TIMEOUT_S, str(hf_dir))) for r in range(checks.WORLD)]
-    for p in procs:
-        p.start()
-    out = {}
-    try:
-        for _ in procs:
-            rank, res = q.get(timeout=JOIN_TIMEOUT_S)
-            out[rank] = res
-    except queue_module.Empty:
-        pytest.fail(f"a rank did not report within {JOIN_TIMEOUT_S}s (hang?); got ranks {sorted(out)}")
-    finally:
-        for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
-                p.join()
-    for rank in range(checks.WORLD):
-        assert "__fatal__" not in out[rank], out[rank]["__fatal__"]
+    out, _ = spawn_ranks(checks.run_rank, checks.WORLD, GLOO_TIMEOUT_S, str(hf_dir), join_timeout_s=JOIN_TIMEOUT_S)
     return out
 
 

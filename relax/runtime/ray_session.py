@@ -10,6 +10,7 @@ import os
 import threading
 
 from relax.runtime import lazy_dynamo
+from relax.runtime.cluster_watch import ClusterWatch
 from relax.runtime.environment import RAY_ENV_DEFAULTS, apply_environment_defaults
 from relax.runtime.reaper import Watchdog, sweep
 from relax.runtime.shipping import cluster_runtime_env
@@ -88,6 +89,8 @@ def start_ray(config) -> bool:
         if config.ray_address:
             check_ray_address(config.ray_address)
             ray.init(address=config.ray_address, **kwargs)
+            global _CLUSTER_WATCH
+            _CLUSTER_WATCH = ClusterWatch(config.ray_address).start()  # one line if it goes away mid-run
         else:
             global _WATCHDOG
             _WATCHDOG = Watchdog()  # kills the cluster's processes should this process be killed
@@ -110,6 +113,7 @@ def start_ray(config) -> bool:
 
 
 _WATCHDOG: Watchdog | None = None
+_CLUSTER_WATCH: ClusterWatch | None = None
 
 
 def stop_ray() -> None:
@@ -117,8 +121,11 @@ def stop_ray() -> None:
     process of it is left (``relax.runtime.reaper``) and let the watchdog go."""
     import ray
 
-    global _WATCHDOG
+    global _WATCHDOG, _CLUSTER_WATCH
     watchdog, _WATCHDOG = _WATCHDOG, None
+    if _CLUSTER_WATCH is not None:
+        _CLUSTER_WATCH.stop()
+        _CLUSTER_WATCH = None
     bounded(ray.shutdown, "stopping Ray")
     sweep(exclude=(watchdog.pid,) if watchdog is not None and watchdog.pid else ())
     if watchdog is not None:

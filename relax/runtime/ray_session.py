@@ -13,6 +13,7 @@ from relax.runtime import lazy_dynamo
 from relax.runtime.cluster_watch import ClusterWatch
 from relax.runtime.environment import RAY_ENV_DEFAULTS, apply_environment_defaults
 from relax.runtime.reaper import Watchdog, sweep
+from relax.runtime.resource_fit import own_ray_cpus
 from relax.runtime.shipping import cluster_runtime_env
 from relax.runtime.waits import bounded
 
@@ -96,7 +97,8 @@ def start_ray(config) -> bool:
             _WATCHDOG = Watchdog()  # kills the cluster's processes should this process be killed
             # TransferQueue's controller and storage unit each ask for a whole CPU: more logical CPUs
             # than cores (docs/en/ray-and-transferqueue.md, TransferQueue workarounds, item 1); the workers ask for a fraction each.
-            cpus = max(4, os.cpu_count() or 1, 2 + WORKER_CPUS * (config.actor_num_workers + config.rollout_num_workers + 3))
+            cpus = max(4, os.cpu_count() or 1, 2 + WORKER_CPUS * (config.actor_num_workers + config.rollout_num_workers + 3),
+                       own_ray_cpus(config))  # every role and reward service scheduled at once
             ray.init(num_cpus=int(cpus + 0.999), object_store_memory=512 * 2**20, **kwargs)
     except SystemExit as exc:
         # SIGTERM during ray.init reaches Ray's own handler (sys.exit(15)): hand it to the caller's,

@@ -104,6 +104,8 @@ def validate(config: RunConfig, algorithm: type[RLAlgorithm]) -> list[str]:
     warnings: list[str] = []
     for rule in RULES:
         rule(config, algorithm, who, errors, warnings)
+        if rule is check_field_rules and errors:  # the other rules compare values: a str lr would crash them
+            raise ConfigError(errors)
     if errors:
         raise ConfigError(errors)
     return warnings

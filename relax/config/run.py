@@ -376,6 +376,11 @@ class RunConfig:
         "a sample passes (eval/pass@k) when its pass component is >= this; the pass component is "
         "--reward-key if given, else 'correct' if it is a reward key, else the first --reward-keys entry",
         group="evaluation", check=FINITE))
+    # -- user code under a deadline (relax.rollout.hooks; issue 33) --
+    hook_timeout: float = attrs.field(default=120.0, metadata=flag(
+        "fail the run when one call of --dynamic-sampling-filter-path or --custom-reward-post-process-path "
+        "takes longer than this many seconds, naming the hook and the step (0: no limit)", group="rewards",
+        check=Range(ge=0), metavar="SECONDS"))
 
     def total_optimizer_steps(self) -> int:
         """``total_optimizer_steps(self)`` (what the learning-rate schedule decays over)."""

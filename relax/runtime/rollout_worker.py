@@ -135,7 +135,7 @@ class RolloutCore:
         samples = scored.samples()
         if self.keep_filter is not None:
             keep = call_keep_filter(self.keep_filter, self.config.dynamic_sampling_filter_path, step,
-                                    rewards, group_ids, samples, keep)
+                                    rewards, group_ids, samples, keep, timeout=self.config.hook_timeout)
         kept_groups = torch.unique_consecutive(group_ids[keep])
         if kept_groups.numel() > needed:  # the share is full: later groups are not trained
             keep = keep & torch.isin(group_ids, kept_groups[:needed])
@@ -152,7 +152,7 @@ class RolloutCore:
             return torch.zeros(0)
         if self.post_process is not None:
             return call_post_process(self.post_process, self.config.custom_reward_post_process_path, step,
-                                     rewards, group_ids, samples)
+                                     rewards, group_ids, samples, timeout=self.config.hook_timeout)
         a = self.config.algorithm
         if not a.rewards_normalization:
             return numerics.weighted_sum(numerics.reward_matrix(rewards, a.reward_keys), a.reward_weights).float()

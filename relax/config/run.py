@@ -327,7 +327,7 @@ class RunConfig:
         check=POSITIVE_INT, metavar="N"))
     use_tensorboard: bool = attrs.field(default=False, metadata=flag(
         "write every metric to TensorBoard event files in the run directory (needs the 'tracking' "
-        "extra: pip install 'relax-rl[tracking]')", group="logging"))
+        "extra: pip install -e '.[tracking]')", group="logging"))
     use_wandb: bool = attrs.field(default=False, metadata=flag(
         "log every metric to Weights & Biases; offline (a run directory under <output-dir>/wandb) "
         "unless WANDB_MODE says otherwise or an API key is set and the server is reachable",

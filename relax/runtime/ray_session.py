@@ -13,11 +13,10 @@ from relax.runtime import lazy_dynamo
 from relax.runtime.cluster_watch import ClusterWatch
 from relax.runtime.environment import RAY_ENV_DEFAULTS, apply_environment_defaults
 from relax.runtime.reaper import Watchdog, sweep
-from relax.runtime.resource_fit import own_ray_cpus
+from relax.runtime.resource_fit import WORKER_CPUS, own_ray_cpus
 from relax.runtime.shipping import cluster_runtime_env
 from relax.runtime.waits import bounded
 
-WORKER_CPUS = 0.25  # logical: Ray's CPUs are scheduling tokens, not cores
 RUN_PREFIX_ENV = "RELAX_RUN_ID"  # this run's data-plane partitions (relax.runtime.data_plane)
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 
-WORKER_CPUS = 0.25  # relax.runtime.ray_session.WORKER_CPUS (not imported: this module must not pull in Ray)
+WORKER_CPUS = 0.25  # logical: Ray's CPUs are scheduling tokens, not cores (every worker's request)
 ADVANTAGES_CPUS = 0.25  # relax.runtime.advantages.DEPLOYMENT_OPTIONS
 TRANSFERQUEUE_CPUS = 2.0  # controller + storage unit, one CPU each
 

@@ -13,6 +13,14 @@ from relax.runtime import resource_fit
 SERVICES = {"reward_model_path": "rm", "judge_model_path": "judge", "judge_template": "t.txt"}
 
 
+def test_the_counted_requests_are_the_ones_the_roles_make():
+    from relax.runtime.advantages import DEPLOYMENT_OPTIONS
+    from relax.runtime.ray_session import WORKER_CPUS
+
+    assert DEPLOYMENT_OPTIONS["ray_actor_options"]["num_cpus"] == resource_fit.ADVANTAGES_CPUS
+    assert WORKER_CPUS == resource_fit.WORKER_CPUS
+
+
 def test_the_requests_add_up_by_hand():
     config = RunConfig(**SERVICES)  # defaults: 1 rollout worker, 1 actor rank, 1 CPU per replica
     # workers (1 + 1 + a possible critic) x 0.25 + advantages 0.25 + TransferQueue 2 + RM 1 + judge 1 = 5

@@ -45,6 +45,7 @@ from relax.rollout.rewards import load_function
 from relax.rollout.sampling import sample_groups
 from relax.rollout.truncation import filter_overlong, truncated_rows
 from relax.runtime.evaluation import sample_eval_slice
+from relax.runtime.exit_guard import guard_os_exit
 from relax.runtime.fields import ATTENTION_FIELD, AttachesDataPlane
 from relax.runtime.metrics import completion_records, response_stats
 from relax.runtime.rollouts import step_shape
@@ -72,6 +73,7 @@ def filter_groups(algorithm, rewards: torch.Tensor, group_ids: torch.Tensor) -> 
 class RolloutCore:
     def __init__(self, config, algorithm_spec: str, data_plane=None, index: int = 0):
         torch.set_num_threads(1)
+        guard_os_exit()  # a reward function, hook or environment calling os._exit() is named first
         self.config = config
         self.index, self.num_workers = index, config.rollout_num_workers
         self.algorithm = load_algorithm(algorithm_spec)(config.algorithm)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -75,6 +76,7 @@ def bystanders():
         for proc in (naming, sibling):
             proc.kill()
             proc.wait()
+        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def test_down_stops_the_recorded_session_and_its_runaways_and_nothing_else(bystanders):
@@ -114,8 +116,15 @@ def test_down_without_a_cluster_stops_nothing(bystanders):
     assert _alive(naming) and _alive(sibling) and Path(temp_dir).exists()
 
 
-def test_a_stale_state_file_is_not_already_up_and_its_port_holder_is_named(tmp_path):
+@pytest.fixture
+def stale_dir():
     temp_dir = tempfile.mkdtemp(prefix="rcs_", dir="/tmp")
+    yield temp_dir
+    shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def test_a_stale_state_file_is_not_already_up_and_its_port_holder_is_named(stale_dir):
+    temp_dir = stale_dir
     gone = subprocess.Popen(["true"], start_new_session=True)
     gone.wait()
     with socket.socket() as holder:  # another program now holds the port the state file names

@@ -86,6 +86,27 @@ class AlgorithmMeta(abc.ABCMeta):
             )
 
     @staticmethod
+    def _check_added_fields(owner: str, added) -> None:
+        """A field a method's ``Config`` adds becomes a ``relax train`` flag of its own: it needs a
+        default (the method must run without the flag) and a name no shared flag has (``lr`` would
+        be two ``--lr`` flags)."""
+        from relax.config.run import RunConfig
+
+        shared = attrs.fields_dict(RunConfig)
+        for field in added:
+            flag = "--" + field.name.replace("_", "-")
+            if field.name in shared:
+                raise TypeError(
+                    f"{owner}.Config.{field.name} has the name of relax train's shared flag {flag} "
+                    f"(RunConfig.{field.name}); give the method's field another name, e.g. {field.name}_{owner.lower()}"
+                )
+            if field.default is attrs.NOTHING:
+                raise TypeError(
+                    f"{owner}.Config.{field.name} has no default; every field a method adds is an optional flag "
+                    f"({flag}): give it one, e.g. {field.name}: float = attrs.field(default=..., metadata=flag(...))"
+                )
+
+    @staticmethod
     def _check_values(cls) -> None:
         owner = cls.__qualname__
         for cap in CAPABILITIES.values():
@@ -106,9 +127,10 @@ class AlgorithmMeta(abc.ABCMeta):
                     f"{owner}.Config must be an attrs class deriving from {parent.__qualname__} (the parent "
                     "method's Config), e.g. @attrs.frozen(kw_only=True) class Config(Parent.Config): ..."
                 )
+            inherited = attrs.fields_dict(parent)
+            AlgorithmMeta._check_added_fields(owner, [f for f in attrs.fields(config_cls) if f.name not in inherited])
             # The fields a method adds are read by it: they join the hyper-parameters it lists (when it
             # lists any), so `relax algorithms` shows them and validation never calls them unread.
-            inherited = attrs.fields_dict(parent)
             listed = cls.hyperparameters
             if isinstance(listed, tuple) and listed:
                 added = tuple(f.name for f in attrs.fields(config_cls) if f.name not in inherited and f.name not in listed)

@@ -62,7 +62,8 @@ def _summary(cls: type[RLAlgorithm]) -> str:
 
 
 def _display_name(cls: type[RLAlgorithm]) -> str:
-    return cls.name or f"{cls.__module__}:{cls.__qualname__}"
+    # a subclass that names itself nothing is not its parent (ScaledGRPO inherits name = "grpo")
+    return cls.__dict__.get("name") or f"{cls.__module__}:{cls.__qualname__}"
 
 
 def describe_algorithm(cls: type[RLAlgorithm]) -> dict:

@@ -7,7 +7,7 @@ cumulative ``time/step_s``). The evaluation of the same component (``eval/<key>/
 training curve. Runs are overlaid, each in its colour under its directory name. Long runs are drawn
 faintly per step with a moving average on top.
 
-matplotlib is optional (``pip install 'relax-rl[tracking]'``) and imported only here, with the
+matplotlib is optional (the ``plot`` or ``tracking`` extra) and imported only here, with the
 non-interactive Agg backend. ``write_run_plot`` is what the end of ``relax train`` calls to leave
 ``rewards.png`` in the run directory; it never fails the run.
 """
@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 PLOT_NAME = "rewards.png"
-EXTRA_HINT = "pip install 'relax-rl[tracking]'"
+EXTRA_HINT = "pip install matplotlib, or in a checkout pip install -e '.[plot]' (the README's quick start)"
 _CURVE = re.compile(r"^(reward|eval)/(?P<key>[^/]+)/mean$")
 
 

@@ -328,7 +328,7 @@ class RunConfig:
         check=POSITIVE_INT, metavar="N"))
     use_tensorboard: bool = attrs.field(default=False, metadata=flag(
         "write every metric to TensorBoard event files in the run directory (needs the 'tracking' "
-        "extra: pip install 'relax-rl[tracking]')", group="logging"))
+        "extra: pip install -e '.[tracking]')", group="logging"))
     use_wandb: bool = attrs.field(default=False, metadata=flag(
         "log every metric to Weights & Biases; offline (a run directory under <output-dir>/wandb) "
         "unless WANDB_MODE says otherwise or an API key is set and the server is reachable",
@@ -387,6 +387,11 @@ class RunConfig:
         "fsdp: the torch backend shards parameters, gradients and Adam state (and the reference model) over "
         "the --actor-num-workers data-parallel ranks (FSDP2), so each rank holds 1/N of them; none: every "
         "rank holds the whole model", group="placement and backends", check=OneOf(SHARDING_MODES)))
+    # -- user code under a deadline (relax.rollout.hooks) --
+    hook_timeout: float = attrs.field(default=120.0, metadata=flag(
+        "fail the run when one call of --dynamic-sampling-filter-path or --custom-reward-post-process-path "
+        "takes longer than this many seconds, naming the hook and the step (0: no limit)", group="rewards",
+        check=Range(ge=0), metavar="SECONDS"))
 
     def total_optimizer_steps(self) -> int:
         """``total_optimizer_steps(self)`` (what the learning-rate schedule decays over)."""

@@ -12,10 +12,14 @@ there through ``_sandbox_boot.py`` and returns its exit status and output. What 
   user namespace: isolated from the network and the file system the same way, but it can read what
   relax can read and signal relax's processes;
 - **limits**: CPU seconds, address space, file size, process count (``SandboxLimits``), and a
-  wall-clock timeout after which its whole process group is killed.
+  wall-clock timeout;
+- **nothing outlives it**: the program runs in a new PID namespace whose process 1 is the boot
+  program's; when the program's first process ends (or at the wall-clock timeout) the namespace is
+  ended, and the kernel kills and reaps every process in it (forked, ``setsid``, daemonised) before
+  ``run_sandboxed`` returns.
 
-Not isolated: other processes are visible (no PID namespace), and CPU time is limited per process
-only. A sandbox that cannot be built (no namespaces on this machine) raises ``SandboxError``: the
+Not isolated: CPU time is limited per process only, and where the kernel forbids a new ``/proc``
+mount (some containers) the program sees the host's process list, though it cannot signal it. A sandbox that cannot be built (no namespaces on this machine) raises ``SandboxError``: the
 program is never run without isolation.
 """
 
@@ -38,6 +42,7 @@ import attrs
 BOOT = Path(__file__).with_name("_sandbox_boot.py")
 BOOT_FAILED = 120  # _sandbox_boot.BOOT_FAILED
 NOBODY = 65534
+STOP_GRACE_SECONDS = 5.0
 
 
 class SandboxError(RuntimeError):
@@ -114,6 +119,18 @@ def _kill_group(proc: subprocess.Popen) -> None:
         pass
 
 
+def _stop(proc: subprocess.Popen) -> None:
+    """End a sandbox at its wall-clock limit. SIGTERM makes the boot program kill its PID namespace
+    and return only once every process in it is gone; SIGKILL of its group is the fallback for a
+    boot program that does not answer (e.g. still building the namespaces)."""
+    try:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=STOP_GRACE_SECONDS)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        proc.wait()
+
+
 def run_sandboxed(files: Mapping[str, str], argv: Sequence[str], limits: SandboxLimits | None = None,
                   stdin: str = "") -> SandboxResult:
     """Run ``argv`` (``argv[0]`` an absolute executable path) in a new scratch directory holding
@@ -148,10 +165,9 @@ def run_sandboxed(files: Mapping[str, str], argv: Sequence[str], limits: Sandbox
                 proc.communicate(stdin.encode(), timeout=limits.wall_seconds)
             except subprocess.TimeoutExpired:
                 timed_out = True
-                _kill_group(proc)
-                proc.wait()
+                _stop(proc)
             finally:
-                _kill_group(proc)  # anything the program left running in its group
+                _kill_group(proc)  # the boot program's group, should it have left anything
             seconds = time.monotonic() - start
             out, err = (_head(f, limits.output_bytes) for f in (out_file, err_file))
         if proc.returncode == BOOT_FAILED and err.startswith("relax sandbox:"):

@@ -87,10 +87,13 @@ def read_rows(path: str | os.PathLike, flag: str = "--prompt-data") -> tuple[lis
                     line = line.removeprefix("\ufeff")  # a UTF-8 byte-order mark is not part of the row
                 if not line.strip():
                     continue  # blank lines (e.g. a trailing newline) hold no row
+                text = line.rstrip("\r\n")  # else an error at the line's end is "line 2, column 1"
                 try:
-                    rows.append((number, json.loads(line)))
+                    rows.append((number, json.loads(text)))
                 except json.JSONDecodeError as exc:
-                    rows.append((number, _Unparsable(f"not valid JSON ({exc.msg} at column {exc.colno})")))
+                    where = (f"at column {exc.pos + 1}" if exc.pos < len(text) else
+                             f"at the end of the line, column {len(text) + 1}: is a closing }} or ] missing?")
+                    rows.append((number, _Unparsable(f"not valid JSON ({exc.msg} {where})")))
         return rows, "line"
     if suffix == ".parquet":
         try:

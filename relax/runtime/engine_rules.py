@@ -34,7 +34,7 @@ def check_logging(config, algorithm, who, errors, warnings):
     for on, package, switch in ((config.use_tensorboard, "tensorboard", "--use-tensorboard"),
                                 (config.use_wandb, "wandb", "--use-wandb")):
         if on and importlib.util.find_spec(package) is None:
-            errors.append(f"{switch} needs the {package} package: pip install 'relax-rl[tracking]'")
+            errors.append(f"{switch} needs the {package} package: pip install -e '.[tracking]'")
     defaults = RunConfig()
     if not config.use_wandb:
         for name in ("wandb_project", "wandb_group", "wandb_run_name"):

@@ -186,6 +186,13 @@ class Heartbeats:
         quiet = [(w, now - w.changed) for w in self.workers if w.pid is not None and now - w.changed > 3 * BEAT_INTERVAL_S]
         return sorted(quiet, key=lambda pair: -pair[1])
 
+    def places(self) -> str:
+        """Where each worker's task thread is, as its latest beat says (for a step without progress:
+        user code that never returns shows up here by name, file and line)."""
+        with contextlib.suppress(Exception):
+            self.silent()  # reads the latest beats
+        return "; ".join(f"{w.name} in {w.where}" for w in self.workers)
+
     def still_waiting_lines(self, waiting_for: str) -> list[str]:
         """A "still waiting" line for each worker silent for a third of the timeout or more, at
         most once per third of the timeout per worker."""

@@ -1,8 +1,9 @@
 """``relax cluster up`` / ``down`` / ``status``: a Ray cluster kept between runs, with everything a
 run would otherwise start itself already up.
 
-``up`` runs ``ray start --head`` (its own temp dir, so ``down`` stops exactly this cluster and not
-another Ray on the machine), then, as a short-lived driver, starts what outlives it as detached
+``up`` runs ``ray start --head`` in a session of its own (``relax.runtime.cluster_session``: the
+state file records it, so ``down`` stops exactly this cluster's processes and nothing that merely
+names its temp dir, nor another Ray on the machine), then, as a short-lived driver, starts what outlives it as detached
 actors: TransferQueue's controller and storage unit (``TransferQueueKeeper``), Serve's controller
 and the built-in methods' shared advantages app (``relax.runtime.kept_advantages``), and the pool of
 pre-started workers (``relax.runtime.worker_pool``). ``relax train --ray-address ADDRESS`` then
@@ -15,13 +16,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from relax.runtime import cluster_session
 from relax.runtime.environment import RAY_ENV_DEFAULTS, apply_environment_defaults
 
 DEFAULT_DIR = "/tmp/relax_cluster"  # short: Ray's unix socket paths are limited in length
@@ -65,33 +66,61 @@ def _ray_bin() -> str:
     return str(Path(sys.executable).parent / "ray")
 
 
+def _is_up(state: dict | None) -> bool:
+    """Whether the state file names a cluster that is really there: a process recorded at its
+    start-up still lives in its session, and its address answers. A stale file (the cluster died,
+    the machine rebooted, another program now holds the port) is not."""
+    return bool(state and "session" in state
+                and cluster_session.anchors_alive(state["session"], state.get("anchors", {}))
+                and _answers(state["address"]))
+
+
+def _write_state(temp_dir: str, state: dict) -> None:
+    (Path(temp_dir) / STATE_FILE).write_text(json.dumps(state))
+
+
 def up(temp_dir: str = DEFAULT_DIR, *, num_cpus: int = 8, spares: int = 1, port: int = DEFAULT_PORT,
        node_ip: str = "127.0.0.1") -> dict:
     """Start the kept cluster (or report the one already up in ``temp_dir``)."""
     apply_environment_defaults()
     state = _state(temp_dir)
-    if state and _answers(state["address"]):
+    if _is_up(state):
         return {**state, "already_up": True}
+    if state is not None:  # stale: stop what is left of its session, forget it
+        down(temp_dir)
     t0 = time.perf_counter()
     Path(temp_dir).mkdir(parents=True, exist_ok=True)
     address = f"{node_ip}:{port}"
     if _answers(address):
         raise ClusterError(f"something already listens at {address}; pick another --port")
-    started = subprocess.run(
+    # Its own session: every process Ray starts for this cluster carries the session id (see
+    # cluster_session), which is how `down` finds exactly them.
+    starter = subprocess.Popen(
         [_ray_bin(), "start", "--head", "--port", str(port), "--num-cpus", str(num_cpus), "--temp-dir", temp_dir,
          "--include-dashboard", "false", "--node-ip-address", node_ip, "--disable-usage-stats", *_free_ports()],
-        capture_output=True, text=True, timeout=300, check=False,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
     )
-    if started.returncode != 0:
-        raise ClusterError(f"`ray start --head` failed (exit {started.returncode}):\n{started.stderr[-2000:]}")
-    state = {"address": address, "temp_dir": temp_dir, "spares": spares}
+    # Recorded at once, so that `down` finds what an interrupted start-up left (with no anchors yet,
+    # only the session's Ray processes: cluster_session.owned), then with the processes as anchors.
+    state = {"address": address, "temp_dir": temp_dir, "spares": spares, "session": starter.pid, "anchors": {}}
+    _write_state(temp_dir, state)
+    try:
+        _, stderr = starter.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        starter.kill()
+        _, stderr = starter.communicate()
+    state["anchors"] = {str(pid): start for pid, start in cluster_session.members(starter.pid).items()}
+    _write_state(temp_dir, state)
+    if starter.returncode != 0:
+        down(temp_dir)
+        raise ClusterError(f"`ray start --head` failed (exit {starter.returncode}):\n{stderr[-2000:]}")
     try:
         _start_kept_roles(address, spares)
     except Exception:
         down(temp_dir)
         raise
     state["startup_s"] = round(time.perf_counter() - t0, 1)
-    (Path(temp_dir) / STATE_FILE).write_text(json.dumps(state))
+    _write_state(temp_dir, state)
     return state
 
 
@@ -124,59 +153,55 @@ def _start_kept_roles(address: str, spares: int) -> None:
         ray.shutdown()
 
 
-def _processes_naming(texts: list[str]) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    cmdline = f.read()
-            except OSError:
-                continue
-            if any(t.encode() in cmdline for t in texts):
-                found.append(int(entry))
-    return found
+def _names_dir(cmdline: bytes, temp_dirs: list[str]) -> bool:
+    """Whether an argument is one of ``temp_dirs`` or a path inside it (``--flag=DIR/...`` too); a
+    sibling directory sharing the prefix (``DIR2``) is not."""
+    for arg in cmdline.split(b"\0"):
+        value = arg.split(b"=", 1)[1] if arg.startswith(b"-") and b"=" in arg else arg
+        for d in temp_dirs:
+            d = d.rstrip("/").encode()
+            if value == d or value.startswith(d + b"/"):
+                return True
+    return False
 
 
 def stop_processes(temp_dirs: list[str]) -> int:
-    """SIGTERM, then SIGKILL, for the processes of the Ray nodes started in ``temp_dirs``: those
-    naming one of them, and theirs (``ray stop`` would stop every Ray cluster on the machine).
-    Returns how many processes were stopped."""
+    """Stop Ray nodes started with ``ray start --temp-dir`` outside ``relax cluster up`` (no recorded
+    session): the Ray processes with one of ``temp_dirs`` (or a path in it) as an argument, and their
+    descendants; never this process or its ancestors. Returns how many processes were stopped."""
     from relax.runtime.reaper import descendants
 
-    pids = set(_processes_naming(temp_dirs))
-    for pid in list(pids):
-        pids |= set(descendants(pid, only_ray=False))
-    pids.discard(os.getpid())
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-            except OSError:
-                pass
-        deadline = time.monotonic() + 3
-        while sig == signal.SIGTERM and time.monotonic() < deadline and any(_exists(p) for p in pids):
-            time.sleep(0.1)
-    return len(pids)
+    procs = cluster_session.table()
+    chosen = {}
+    for pid in procs:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read()
+        except OSError:
+            continue
+        if _names_dir(cmdline, temp_dirs) and cluster_session.is_ray(pid):
+            chosen[pid] = procs[pid].start
+            chosen.update(descendants(pid, only_ray=False))
+    for pid in cluster_session.ancestors(os.getpid(), procs):
+        chosen.pop(pid, None)
+    return cluster_session.stop(chosen)
 
 
 def down(temp_dir: str = DEFAULT_DIR) -> int:
-    """Stop the cluster of ``temp_dir`` (``stop_processes``) and remove its temp dir; returns how
-    many processes were stopped."""
-    stopped = stop_processes([temp_dir])
-    shutil.rmtree(temp_dir, ignore_errors=True)
+    """Stop the processes of the cluster of ``temp_dir`` (those of the session its state file records,
+    ``cluster_session.owned``) and remove its temp dir; returns how many processes were stopped."""
+    state = _state(temp_dir)
+    stopped = 0
+    if state and "session" in state:
+        stopped = cluster_session.stop(cluster_session.owned(state["session"], state.get("anchors", {})))
+    elif state is not None:  # a state file of an older relax, without a session: its Ray processes
+        stopped = stop_processes([temp_dir])
+    if state is not None:  # only a directory relax made (it holds the state file) is removed
+        shutil.rmtree(temp_dir, ignore_errors=True)
     return stopped
 
 
-def _exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except OSError:
-        return False
-    return True
-
-
 def status(temp_dir: str = DEFAULT_DIR) -> dict | None:
-    """The state of the cluster of ``temp_dir`` when it answers, else None."""
+    """The state of the cluster of ``temp_dir`` when it is really up (``_is_up``), else None."""
     state = _state(temp_dir)
-    return state if state and _answers(state["address"]) else None
+    return state if _is_up(state) else None

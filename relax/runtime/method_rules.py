@@ -17,7 +17,9 @@ def check_field_rules(config, algorithm, who, errors, warnings):
     on the command line, for a ``RunConfig`` built in Python (the hyper-parameters' ``Config`` checks
     its rules when it is built)."""
     for field, value, problem in field_problems(config):
-        errors.append(f"argument {flag_name(field)}: {value!r} is out of range; it {problem}")
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        what = "is out of range" if number else f"is a {type(value).__name__} (in Python, pass the value itself)"
+        errors.append(f"argument {flag_name(field)}: {value!r} {what}; it {problem}")
 
 
 def check_kl(config, algorithm, who, errors, warnings):

@@ -10,12 +10,13 @@ import os
 import threading
 
 from relax.runtime import lazy_dynamo
+from relax.runtime.cluster_watch import ClusterWatch
 from relax.runtime.environment import RAY_ENV_DEFAULTS, apply_environment_defaults
 from relax.runtime.reaper import Watchdog, sweep
+from relax.runtime.resource_fit import WORKER_CPUS, own_ray_cpus
 from relax.runtime.shipping import cluster_runtime_env
 from relax.runtime.waits import bounded
 
-WORKER_CPUS = 0.25  # logical: Ray's CPUs are scheduling tokens, not cores
 RUN_PREFIX_ENV = "RELAX_RUN_ID"  # this run's data-plane partitions (relax.runtime.data_plane)
 
 
@@ -88,12 +89,15 @@ def start_ray(config) -> bool:
         if config.ray_address:
             check_ray_address(config.ray_address)
             ray.init(address=config.ray_address, **kwargs)
+            global _CLUSTER_WATCH
+            _CLUSTER_WATCH = ClusterWatch(config.ray_address).start()  # one line if it goes away mid-run
         else:
             global _WATCHDOG
             _WATCHDOG = Watchdog()  # kills the cluster's processes should this process be killed
             # TransferQueue's controller and storage unit each ask for a whole CPU: more logical CPUs
             # than cores (docs/en/ray-and-transferqueue.md, TransferQueue workarounds, item 1); the workers ask for a fraction each.
-            cpus = max(4, os.cpu_count() or 1, 2 + WORKER_CPUS * (config.actor_num_workers + config.rollout_num_workers + 3))
+            cpus = max(4, os.cpu_count() or 1, 2 + WORKER_CPUS * (config.actor_num_workers + config.rollout_num_workers + 3),
+                       own_ray_cpus(config))  # every role and reward service scheduled at once
             ray.init(num_cpus=int(cpus + 0.999), object_store_memory=512 * 2**20, **kwargs)
     except SystemExit as exc:
         # SIGTERM during ray.init reaches Ray's own handler (sys.exit(15)): hand it to the caller's,
@@ -110,6 +114,7 @@ def start_ray(config) -> bool:
 
 
 _WATCHDOG: Watchdog | None = None
+_CLUSTER_WATCH: ClusterWatch | None = None
 
 
 def stop_ray() -> None:
@@ -117,8 +122,11 @@ def stop_ray() -> None:
     process of it is left (``relax.runtime.reaper``) and let the watchdog go."""
     import ray
 
-    global _WATCHDOG
+    global _WATCHDOG, _CLUSTER_WATCH
     watchdog, _WATCHDOG = _WATCHDOG, None
+    if _CLUSTER_WATCH is not None:
+        _CLUSTER_WATCH.stop()
+        _CLUSTER_WATCH = None
     bounded(ray.shutdown, "stopping Ray")
     sweep(exclude=(watchdog.pid,) if watchdog is not None and watchdog.pid else ())
     if watchdog is not None:

@@ -133,8 +133,19 @@ class RewardServices:
         self._thread: threading.Thread | None = None
 
     def start(self, after: threading.Thread | None = None) -> None:
-        """Deploy in a thread, once ``after`` (the advantages deployment, which starts Serve) is done."""
+        """Deploy in a thread, once ``after`` (the advantages deployment, which starts Serve) is done;
+        first refuse requests the cluster can never meet (``resource_fit``), which Serve would
+        leave waiting to be scheduled until the start-up timeout."""
         if self.services:
+            import ray
+
+            from relax.runtime.resource_fit import cluster_problem
+
+            total = ray.cluster_resources()
+            gpus = total.get("GPU", 0.0)
+            problem = cluster_problem(self.config, total.get("CPU", 0.0), gpus, max(0.0, gpus - self.free_gpus))
+            if problem:
+                raise WorkerDied(problem)
             self._thread = threading.Thread(target=self._deploy, args=(after,), daemon=True)
             self._thread.start()
 

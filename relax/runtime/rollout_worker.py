@@ -45,6 +45,7 @@ from relax.rollout.rewards import load_function
 from relax.rollout.sampling import sample_groups
 from relax.rollout.truncation import filter_overlong, truncated_rows
 from relax.runtime.evaluation import sample_eval_slice
+from relax.runtime.exit_guard import guard_os_exit
 from relax.runtime.fields import ATTENTION_FIELD, AttachesDataPlane
 from relax.runtime.metrics import completion_records, gpu_peak_mib, response_stats
 from relax.runtime.rollouts import step_shape
@@ -72,6 +73,7 @@ def filter_groups(algorithm, rewards: torch.Tensor, group_ids: torch.Tensor) -> 
 class RolloutCore:
     def __init__(self, config, algorithm_spec: str, data_plane=None, index: int = 0):
         torch.set_num_threads(1)
+        guard_os_exit()  # a reward function, hook or environment calling os._exit() is named first
         self.config = config
         self.index, self.num_workers = index, config.rollout_num_workers
         self.algorithm = load_algorithm(algorithm_spec)(config.algorithm)
@@ -135,7 +137,7 @@ class RolloutCore:
         samples = scored.samples()
         if self.keep_filter is not None:
             keep = call_keep_filter(self.keep_filter, self.config.dynamic_sampling_filter_path, step,
-                                    rewards, group_ids, samples, keep)
+                                    rewards, group_ids, samples, keep, timeout=self.config.hook_timeout)
         kept_groups = torch.unique_consecutive(group_ids[keep])
         if kept_groups.numel() > needed:  # the share is full: later groups are not trained
             keep = keep & torch.isin(group_ids, kept_groups[:needed])
@@ -152,7 +154,7 @@ class RolloutCore:
             return torch.zeros(0)
         if self.post_process is not None:
             return call_post_process(self.post_process, self.config.custom_reward_post_process_path, step,
-                                     rewards, group_ids, samples)
+                                     rewards, group_ids, samples, timeout=self.config.hook_timeout)
         a = self.config.algorithm
         if not a.rewards_normalization:
             return numerics.weighted_sum(numerics.reward_matrix(rewards, a.reward_keys), a.reward_weights).float()

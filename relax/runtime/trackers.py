@@ -18,7 +18,7 @@ logged as the run's hyper-parameters.
   ``eval``), one JSON object per line in ``completions.jsonl``; TensorBoard shows them as a
   markdown table in its text dashboard, W&B as a table named ``completions``.
 
-Both packages are optional (``pip install 'relax-rl[tracking]'``) and imported only when their flag
+Both packages are optional (``pip install -e '.[tracking]'``) and imported only when their flag
 is on. A tracker that fails while the run is going is switched off with one warning: a tracker
 problem never stops the training.
 """
@@ -39,7 +39,7 @@ import attrs
 
 from relax.runtime.metrics import COMPLETIONS_KEY, EVAL_COMPLETIONS_KEY
 
-EXTRA_HINT = "pip install 'relax-rl[tracking]'"
+EXTRA_HINT = "pip install -e '.[tracking]'"
 WANDB_DEFAULT_HOST = "https://api.wandb.ai"
 REACHABLE_TIMEOUT_S = 3.0
 

@@ -153,9 +153,12 @@ def run(config) -> RunSummary:
                              warn=lambda message: log(f"relax: warning: {message}"))
     trackers = Trackers(config, out, resume_after_step=start_step if state else None)  # TensorBoard, W&B
 
+    # --in-process places no role on Ray: the banner says where they really run
+    roles = f"{', '.join(layout.roles)} (in this process)" if config.in_process else layout.describe()
     log(f"relax: {config.advantage_estimator} ({algorithm_cls.__module__}.{algorithm_cls.__qualname__}); "
-         f"roles: {layout.describe()}; output: {out}")
-    if not config.hf_checkpoint and state is None:
+         f"roles: {roles}; output: {out}")
+    # the base rates of the task's own prompts: not news for a run on a data file or a user's environment
+    if not (config.hf_checkpoint or config.prompt_data or config.env_path) and state is None:
         with contextlib.suppress(Exception):
             from relax.models.tiny.calculator import TASK_CHECKPOINTS
             from relax.models.tiny.weights import warmup_base_rates

@@ -37,6 +37,7 @@ from relax.runtime.method_rules import (
     check_unused_hyperparameters,
 )
 from relax.runtime.no_op_rules import check_no_op
+from relax.runtime.unused_flag_rules import check_unused_flags
 from relax.runtime.reward_rules import (
     check_dynamic_sampling,
     check_filter,
@@ -92,6 +93,7 @@ RULES = (
     check_rollout_engine,
     check_evaluation,  # --eval-* (relax.runtime.eval_rules)
     check_no_op,  # runs that would train nothing, flags that would do nothing (relax.runtime.no_op_rules)
+    check_unused_flags,  # --max-turns, --task, --ray-working-dir where they do nothing
     check_method_config,
     check_unused_hyperparameters,
 )
@@ -104,6 +106,8 @@ def validate(config: RunConfig, algorithm: type[RLAlgorithm]) -> list[str]:
     warnings: list[str] = []
     for rule in RULES:
         rule(config, algorithm, who, errors, warnings)
+        if rule is check_field_rules and errors:  # the other rules compare values: a str lr would crash them
+            raise ConfigError(errors)
     if errors:
         raise ConfigError(errors)
     return warnings

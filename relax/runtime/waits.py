@@ -135,10 +135,14 @@ def _check_progress(what: str, progress, warned: list) -> None:
     start, limit, slowest = progress
     waited = time.monotonic() - start
     if waited >= limit:
+        places = "; ".join(p for p in (getattr(h, "places", lambda: "")() for h in _HEARTBEATS) if p)
         raise WorkerUnresponsive(
             f"the {what} made no progress for {waited:.0f}s although every worker's heartbeat goes on (the slowest "
-            f"step so far took {slowest:.1f}s; the limit is the larger of 10 x --worker-timeout and 20 x that): "
-            "a deadlock in a worker, or a collective waiting for a peer; restart the run, with --load to resume"
+            f"step so far took {slowest:.1f}s; the limit is the larger of 10 x --worker-timeout and 20 x that)"
+            + (f"; the workers are at: {places}" if places else "") + ". User code that never returns (an "
+            "environment, a reward function, a hook) is bounded by --env-timeout, --reward-timeout and "
+            "--hook-timeout; otherwise a deadlock in a worker or a collective waiting for a peer: restart the run, "
+            "with --load to resume"
         )
     if waited >= limit / 2 and not warned:
         warned.append(True)

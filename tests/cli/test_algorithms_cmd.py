@@ -65,3 +65,12 @@ def test_unknown_method(cli):
     code, out, err = cli("algorithms", "nope")
     assert code == 2 and out == ""
     assert "Unknown advantage estimator 'nope'. Available: " + ", ".join(algorithm_names()) in err
+
+
+def test_a_user_subclass_without_a_name_is_titled_by_its_path_not_its_parents_name(cli, tmp_path, monkeypatch):
+    (tmp_path / "scaled_user_method.py").write_text(
+        "from relax.algorithms.grpo import GRPO\n\nclass ScaledGRPO(GRPO):\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code, out, _ = cli("algorithms", "scaled_user_method:ScaledGRPO")
+    assert code == 0
+    assert out.splitlines()[0].startswith("scaled_user_method:ScaledGRPO ")  # was "grpo"

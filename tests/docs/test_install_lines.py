@@ -45,7 +45,7 @@ def test_relax_is_installed_editable_with_the_torch_pin_and_real_extras():
 
 def test_the_install_lines_are_found():
     found = dict(install_lines())
-    assert any(args.startswith("-e . torch==2.13.0") for args in found.values())  # the quick start
+    assert any(args.startswith("-e '.[plot]' torch==2.13.0") for args in found.values())  # the quick start
     assert sum(args.startswith("-e '.[") for args in found.values()) >= 5
 
 

@@ -35,7 +35,17 @@ def files(tmp_path_factory):
     config["id2label"], config["label2id"] = {"0": "bad", "1": "good"}, {"bad": 0, "good": 1}
     (two / "config.json").write_text(json.dumps(config))
     causal = build_tiny_random_checkpoint(root / "causal", "qwen2", hidden=32, layers=1)
+    import shutil
+
+    truncated = shutil.copytree(rm, root / "truncated")  # a copy cut short
+    weights = truncated / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    small = shutil.copytree(rm, root / "small_vocab")  # an embedding smaller than its tokenizer
+    config = json.loads((small / "config.json").read_text())
+    config["vocab_size"] = 200
+    (small / "config.json").write_text(json.dumps(config))
     (root / "no_response.txt").write_text("Is this right? {prompt}")
+    (root / "misspelt.txt").write_text('{prompt} {response} Reference: {lable}. Answer as {"ok": true}, {x}?')
     (root / "good.txt").write_text("{prompt} {response} right?")
     return root, rm, two, causal
 
@@ -71,6 +81,18 @@ CASES = [
     ("template_placeholder", lambda r, rm, two, c: ["--judge-model-path", str(c), "--judge-template",
                                                     str(r / "no_response.txt"), "--reward-keys", "digits", "judge"],
      r"--judge-template .*no_response.txt: it has no \{response\} placeholder"),
+    ("rm_truncated", lambda r, rm, two, c: ["--reward-model-path", str(r / "truncated"), "--reward-keys", "digits", "rm"],
+     r"--reward-model-path .*truncated: model.safetensors is (truncated|not a readable safetensors file)"),
+    ("rm_vocabulary", lambda r, rm, two, c: ["--reward-model-path", str(r / "small_vocab"), "--reward-keys", "digits",
+                                             "rm"],
+     "--reward-model-path .*small_vocab: config.json has vocab_size 200 but the tokenizer has 262 tokens"),
+    ("template_misspelt", lambda r, rm, two, c: ["--judge-model-path", str(c), "--judge-template",
+                                                 str(r / "misspelt.txt"), "--reward-keys", "digits", "judge"],
+     r"--judge-template .*misspelt.txt: \{lable\} is not a placeholder \(did you mean \{label\}\?\)"),
+    ("rm_gpus_beyond_the_machine", lambda r, rm, two, c: ["--reward-model-path", str(rm), "--reward-model-gpus", "64",
+                                                          "--reward-keys", "digits", "rm"],
+     r"the reward services ask for 64 GPU\(s\) \(--reward-model-replicas 1 x --reward-model-cpus 1 / "
+     r"--reward-model-gpus 64\) but this machine has \d+ GPU\(s\)"),
     ("judge_is_rm", lambda r, rm, two, c: ["--judge-model-path", str(rm), "--judge-template", str(r / "good.txt"),
                                            "--reward-keys", "digits", "judge"],
      "--judge-model-path .*: not a causal language model"),
@@ -112,3 +134,19 @@ def test_service_flags_without_their_service_warn(files, monkeypatch, capsys):
     assert code == 0, err
     assert "--reward-model-replicas has no effect without --reward-model-path" in err, err
     assert "--judge-key has no effect without --judge-model-path" in err, err
+
+
+def test_the_tiny_reward_model_covers_its_tokenizer_and_the_builder_help_is_whole(files, capsys):
+    # build_tiny_reward_model wrote vocab_size 261 for the 262 tokens its directory reloads with (qwen2
+    # adds <|endoftext|> once config.json is there): the vocabulary check above would refuse it.
+    import json
+
+    from transformers import AutoTokenizer
+
+    from relax.models.hf.tiny_random import main
+
+    rm = files[1]
+    assert json.loads((rm / "config.json").read_text())["vocab_size"] == len(AutoTokenizer.from_pretrained(str(rm)))
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert "without downloading anything." in " ".join(capsys.readouterr().out.split())

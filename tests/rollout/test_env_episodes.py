@@ -130,6 +130,16 @@ def test_errors_name_environment_episode_turn_and_step(result, match):
         _sample(lambda: _Bad(result), step=5)
 
 
+@pytest.mark.parametrize("timeout", [None, 2.0])  # called in this thread, or in the pool
+def test_an_environment_that_exits_is_named_and_does_not_end_the_process(timeout):
+    class Exits(Environment):
+        def step(self, completion):
+            raise SystemExit(0)
+
+    with pytest.raises(EpisodeError, match=r"episode 0 .*turn 1: step\(\) called sys.exit\(0\) \(SystemExit\)"):
+        _sample(Exits, timeout=timeout)
+
+
 def test_env_timeout_names_the_call():
     class Slow(Environment):
         def step(self, completion):

@@ -32,6 +32,10 @@ ENVS = textwrap.dedent('''
     class NoStep:
         pass
 
+    class Exits(Environment):
+        def step(self, completion):
+            raise SystemExit(3)
+
     def score(prompt, completion, label, metadata):
         return 1.0
 ''')
@@ -58,6 +62,7 @@ def _dry_run(capsys, *flags) -> tuple[int, str]:
 @pytest.mark.parametrize("cls, message", [
     ("WrongType", r"step\(\) returned dict; it must return relax.rollout.EnvStep"),
     ("Raises", r"episode 0 \(pre-flight, .*\): reset\(\) raised RuntimeError: no board for <bos>"),
+    ("Exits", r"turn 1: step\(\) called sys.exit\(3\) \(SystemExit\), which would end the rollout worker's process"),
     ("NotFinite", r"returned reward 'score' = inf: not a finite number"),
     ("NoStep", r"--env-path 'relax_preflight_envs:NoStep': class NoStep has no step\(completion\) method"),
     ("Missing", r"--env-path 'relax_preflight_envs:Missing'.*has no attribute 'Missing'"),

@@ -351,3 +351,22 @@ def test_sigterm_during_ray_start_up_exits_143_and_leaves_no_ray_process(tmp_pat
     time.sleep(1)
     left = [f"{p} {_cmdline(p)}" for p in seen if _alive(p)]
     assert not left, f"Ray processes of the run still alive: {left}"
+
+
+def test_a_step_without_progress_names_where_the_workers_are_and_the_user_code_deadlines(monkeypatch):
+    class Beats:  # a run's heartbeats whose rollout worker sits in a user's environment step
+        def still_waiting_lines(self, waiting_for):
+            return []
+
+        def unresponsive(self):
+            return None
+
+        def places(self):
+            return "rollout worker 0 in HangingEnv.step (my_envs.py:7); actor rank 0 in idle (between calls)"
+
+    monkeypatch.setattr(waits, "_HEARTBEATS", [Beats()])
+    with pytest.raises(waits.WorkerUnresponsive) as caught:
+        waits._check_progress("rollout", (time.monotonic() - 30, 20.0, 0.5), [])
+    message = str(caught.value)
+    assert "the workers are at: rollout worker 0 in HangingEnv.step (my_envs.py:7)" in message
+    assert "bounded by --env-timeout, --reward-timeout and --hook-timeout" in message

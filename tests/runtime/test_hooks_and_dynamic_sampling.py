@@ -58,6 +58,13 @@ def as_floats(rewards, group_ids, samples, keep):
 def boom(rewards, group_ids, samples, keep):
     raise RuntimeError("filter service down")
 
+def hangs(rewards, group_ids, samples, keep):
+    import time
+    time.sleep(3600)
+
+def exits(rewards, group_ids, samples):
+    raise SystemExit(2)
+
 def plus_hundred(rewards, group_ids, samples):
     contract(rewards, group_ids, samples)
     weights = torch.arange(1, rewards.shape[1] + 1, dtype=torch.float64)
@@ -160,6 +167,30 @@ def test_a_hook_outside_its_contract_stops_the_rollout_naming_the_hook_and_step(
         cfg = _config(**{flag: f"{hooks}:{hook}", "dynamic_sampling_filter_path": f"{hooks}:keep_all"})
     with pytest.raises(HookError, match=message):
         RolloutCore(cfg, "grpo", AppendingPlane()).step(3)
+
+
+def test_a_hook_that_never_returns_or_exits_is_named_with_its_step_and_flag(hooks):
+    import time
+
+    start = time.monotonic()
+    with pytest.raises(HookError, match=r"--dynamic-sampling-filter-path 'my_relax_hooks:hangs' \(step 3\) did "
+                                        r"not return within --hook-timeout 0.5s"):
+        RolloutCore(_config(dynamic_sampling_filter_path=f"{hooks}:hangs", hook_timeout=0.5), "grpo",
+                    AppendingPlane()).step(3)
+    assert time.monotonic() - start < 30
+    cfg = _config(custom_reward_post_process_path=f"{hooks}:exits", dynamic_sampling_filter_path=f"{hooks}:keep_all")
+    with pytest.raises(HookError, match=r"'my_relax_hooks:exits' \(step 3\) called sys.exit\(2\) \(SystemExit\)"):
+        RolloutCore(cfg, "grpo", AppendingPlane()).step(3)
+
+
+def test_run_in_process_ends_naming_a_hook_past_its_hook_timeout(hooks, tmp_path):
+    # --hook-timeout through run() (the API relax train calls), on the quick in-process runtime.
+    from relax.runtime.train import run
+
+    config = RunConfig(in_process=True, num_rollout=2, rollout_batch_size=4, progress=False, hook_timeout=1.0,
+                       dynamic_sampling_filter_path=f"{hooks}:hangs", output_dir=str(tmp_path / "out"))
+    with pytest.raises(Exception, match=r"'my_relax_hooks:hangs' \(step 1\) did not return within --hook-timeout 1s"):
+        run(config)
 
 
 # -- dynamic sampling with refill -----------------------------------------------------------------

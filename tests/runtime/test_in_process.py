@@ -78,6 +78,8 @@ def test_relax_train_in_process_starts_no_ray(tmp_path):
     done = _relax("--num-rollout", "2", "--in-process", "--no-progress", "--output-dir", "out", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "relax: in-process: 1 rollout worker and 1 actor rank" in done.stderr
+    assert "roles: rollout, advantages, actor (in this process)" in done.stderr  # not "(ray_actor)", "(serve)"
+    assert "ray_actor" not in done.stderr and "(serve)" not in done.stderr
     assert "relax: start-up " in done.stderr and "workers_ready_s" in done.stderr
     assert "ray_s" not in done.stderr and "transferqueue_s" not in done.stderr  # no Ray, no TransferQueue
     assert [r["step"] for r in metrics_rows(tmp_path / "out") if r["step"] > 0] == [1, 2]

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -95,3 +96,53 @@ def test_cluster_down_stops_it_and_status_says_so(tmp_path):
     assert missing.returncode == 1 and "no cluster is up" in missing.stderr
     down = _relax("cluster", "down", "--temp-dir", temp_dir)
     assert down.returncode == 0 and "no cluster was running" in down.stderr
+
+
+def _wait_for_a_step(run: subprocess.Popen, metrics: Path, timeout: float = 400) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and run.poll() is None:
+        if metrics.exists() and metrics.read_text().count("\n") >= 1:
+            return
+        time.sleep(1)
+    raise AssertionError(f"the run on the kept cluster made no step (exit {run.poll()})")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_up_again_is_already_up_and_down_stops_every_process_of_its_session_and_only_those(kept_cluster, tmp_path):
+    # Last in this module: it takes the module's cluster down (the fixture's own `down` then finds none),
+    # while a run is training on it: that run ends with one line naming the cluster.
+    from relax.runtime import cluster_session
+    from relax.runtime.kept_cluster import STATE_FILE
+
+    address, temp_dir = kept_cluster
+    again = _relax("cluster", "up", "--temp-dir", temp_dir, "--port", address.rsplit(":", 1)[1])
+    assert again.returncode == 0 and f"cluster already up at {address}" in again.stderr, again.stderr[-2000:]
+    state = json.loads((Path(temp_dir) / STATE_FILE).read_text())
+    before = cluster_session.members(state["session"])
+    client_servers = [pid for pid in before if b"ray.util.client.server" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    assert client_servers, "Ray's client server is not in the cluster's session"
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", temp_dir, temp_dir + "2"])
+    (tmp_path / "relax_kept_reward.py").write_text(REWARD)
+    long_run = [*TINY[:1], "1000", *TINY[2:]]
+    log = open(tmp_path / "gone.log", "w+")  # a file, not a pipe: nothing reads it while the run goes on
+    run = subprocess.Popen([str(BIN / "relax"), "train", "--ray-address", address, *long_run, "--output-dir", "gone"],
+                           cwd=tmp_path, env=ENV, stdout=subprocess.DEVNULL, stderr=log, text=True)
+    try:
+        _wait_for_a_step(run, tmp_path / "gone" / "metrics.jsonl")
+        down = subprocess.run(["bash", "-c", f"{BIN / 'relax'} cluster down --temp-dir {temp_dir}; echo shell-alive"],
+                              env=ENV, capture_output=True, text=True, timeout=120, check=False)
+        assert down.stdout.strip() == "shell-alive", down.stderr[-2000:]
+        assert "cluster down (" in down.stderr
+        assert cluster_session.members(state["session"]) == {}  # client server, raylet, GCS, workers: all
+        assert bystander.poll() is None
+        run.wait(timeout=120)
+        stderr = (tmp_path / "gone.log").read_text()
+        errors = [line for line in stderr.splitlines() if line.startswith("relax train: error:")]
+        assert run.returncode == 1 and len(errors) == 1, stderr[-3000:]
+        assert f"the Ray cluster at {address} (--ray-address) went away mid-run" in errors[0]
+    finally:
+        for proc in (bystander, run):
+            proc.kill()
+            proc.wait()
+        log.close()

@@ -292,7 +292,7 @@ def test_a_missing_tracker_package_is_refused_before_anything_starts(capsys, mon
     monkeypatch.setattr(util, "find_spec", lambda name, *a: None if name == "tensorboard" else find_spec(name, *a))
     code, _, err = _dry_run(capsys, "--output-dir", tmp_path, "--use-tensorboard")
     assert code == 2
-    assert "--use-tensorboard needs the tensorboard package: pip install 'relax-rl[tracking]'" in err
+    assert "--use-tensorboard needs the tensorboard package: pip install -e '.[tracking]'" in err
 
 
 # -- completions ---------------------------------------------------------------------------------

@@ -126,20 +126,26 @@ def build_tiny_reward_model(directory: str | Path, family: str = "qwen2", *, see
     directory.mkdir(parents=True, exist_ok=True)
     tok = build_byte_tokenizer()
     tok.save_pretrained(str(directory))
-    from transformers import AutoTokenizer
-
-    vocab = len(AutoTokenizer.from_pretrained(str(directory), local_files_only=True))  # as above: the reloaded size
-    config = model_config(family, vocab, hidden=hidden, layers=layers)
+    config = model_config(family, len(tok), hidden=hidden, layers=layers)
     config.num_labels = 1
     torch.manual_seed(seed)
     model = AutoModelForSequenceClassification.from_config(config)
     transformers_logging.disable_progress_bar()
     model.save_pretrained(str(directory))
+    # As for the causal checkpoint: only once config.json is there does the tokenizer reload as the
+    # family's class (one token more for qwen2), so the size users will load is read after saving.
+    from transformers import AutoTokenizer
+
+    loaded = len(AutoTokenizer.from_pretrained(str(directory), local_files_only=True))
+    if loaded != model.config.vocab_size:
+        model.resize_token_embeddings(loaded, mean_resizing=False)
+        model.save_pretrained(str(directory))
     return directory
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
+    first_paragraph = " ".join(__doc__.split("\n\n")[0].split())  # the whole sentence, not its first line
+    parser = argparse.ArgumentParser(description=first_paragraph.rstrip(":") + ".", allow_abbrev=False)
     parser.add_argument("directory")
     parser.add_argument("--family", choices=FAMILIES, default="qwen3")
     parser.add_argument("--seed", type=int, default=0)

@@ -19,6 +19,15 @@ class EpisodeError(RuntimeError):
     """An environment raised, returned something unusable, or ran past ``--env-timeout``."""
 
 
+def raised(exc: BaseException) -> str:
+    """What user code did, for a message: ``raised KeyError: 'x'``, or, for ``sys.exit()`` /
+    ``exit()``, that it tried to end the process (which would take the rollout worker with it)."""
+    if isinstance(exc, SystemExit):
+        return (f"called sys.exit({exc.code!r}) (SystemExit), which would end the rollout worker's process; "
+                "an environment reports the end of an episode with EnvStep(done=True), or raises")
+    return f"raised {type(exc).__name__}: {exc}"
+
+
 class _LoopThread:
     """One event loop in a daemon thread for all of a runner's coroutines, so an environment may keep
     loop-bound resources (a client session) from one turn to the next, and a caller that is itself
@@ -64,7 +73,7 @@ class EnvCaller:
                     values[k] = future.result()
                 except TimeoutError:
                     raise self._timed_out(method, episodes[k], turn) from None
-                except Exception as exc:
+                except (Exception, SystemExit) as exc:  # an environment that exits fails like one that raises
                     raise self._raised(method, episodes[k], turn, exc) from exc
         return values
 
@@ -74,7 +83,7 @@ class EnvCaller:
             for env, e, a in zip(envs, episodes, args):
                 try:
                     values.append(getattr(env, method)(*a))
-                except Exception as exc:
+                except (Exception, SystemExit) as exc:  # an environment that exits fails like one that raises
                     raise self._raised(method, e, turn, exc) from exc
             return values
         if self._pool is None:
@@ -99,7 +108,7 @@ class EnvCaller:
                         for f in futures:
                             f.cancel()
                         raise self._timed_out(method, episodes[k], turn) from None
-                except Exception as exc:
+                except (Exception, SystemExit) as exc:  # an environment that exits fails like one that raises
                     raise self._raised(method, episodes[k], turn, exc) from exc
         return values
 
@@ -113,7 +122,7 @@ class EnvCaller:
             self._pool = None
 
     def _raised(self, method, episode, turn, exc) -> EpisodeError:
-        return EpisodeError(f"{self.where(episode, turn, method)} raised {type(exc).__name__}: {exc}")
+        return EpisodeError(f"{self.where(episode, turn, method)} {raised(exc)}")
 
     def _timed_out(self, method, episode, turn) -> EpisodeError:
         return EpisodeError(

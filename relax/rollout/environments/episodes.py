@@ -24,7 +24,7 @@ import torch
 from relax.models.batch import TokenBatch
 from relax.rollout.base import Generation, Prompt, SamplingParams
 from relax.rollout.environments.base import EnvStep
-from relax.rollout.environments.calls import EnvCaller, EpisodeError
+from relax.rollout.environments.calls import EnvCaller, EpisodeError, raised
 from relax.rollout.environments.turns import TurnFormat, context_limit
 from relax.rollout.sampling import ScoredGroups
 
@@ -122,9 +122,8 @@ class EpisodeRunner:
     def _new_env(self, episode: int):
         try:
             return self.make_env()
-        except Exception as exc:
-            raise EpisodeError(f"environment {self.env_name}, episode {episode}: building it raised "
-                               f"{type(exc).__name__}: {exc}") from exc
+        except (Exception, SystemExit) as exc:
+            raise EpisodeError(f"environment {self.env_name}, episode {episode}: building it {raised(exc)}") from exc
 
     @staticmethod
     def _model_turn(engine, episodes, live, params, generator, limit, tokenizer) -> dict[int, str]:

@@ -8,7 +8,7 @@ import numbers
 
 from relax.rollout.environments import environment_source
 from relax.rollout.environments.base import EnvStep
-from relax.rollout.environments.calls import EnvCaller, EpisodeError
+from relax.rollout.environments.calls import EnvCaller, EpisodeError, raised
 
 PREFLIGHT_TIMEOUT_S = 60.0
 
@@ -30,8 +30,8 @@ def check_environment(config, prompts: list) -> None:
     try:
         try:
             env = make_env()
-        except Exception as exc:
-            raise EpisodeError(f"environment {name}: building it raised {type(exc).__name__}: {exc}") from exc
+        except (Exception, SystemExit) as exc:
+            raise EpisodeError(f"environment {name}: building it {raised(exc)}") from exc
         sample = {"prompt": prompt.text, "label": prompt.label, "metadata": dict(prompt.metadata)}
         caller.call("reset", [env], [0], [(sample,)], None)
         # a label-like answer: the environment must accept any text the model may write

@@ -214,7 +214,7 @@ def test_no_tracker_by_default_and_a_failing_tracker_never_stops_the_run(tmp_pat
 
 def test_a_missing_package_names_the_flag_and_the_extra(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` raises ImportError
-    with pytest.raises(RuntimeError, match=r"--use-wandb needs the wandb package.*relax-rl\[tracking\]"):
+    with pytest.raises(RuntimeError, match=r"--use-wandb needs the wandb package.*pip install -e '\.\[tracking\]'"):
         T.Trackers(_config(tmp_path, use_wandb=True), tmp_path)
 
 

@@ -63,14 +63,15 @@ def in_process_refusal(config) -> str | None:
 def config_errors(config) -> list[str]:
     name = engine_name(config)
     if name not in ENGINES:  # a RunConfig built in Python; the command line offers the registered names
-        return [f"argument --rollout-engine: {name!r} is out of range; it must be one of {', '.join(ENGINES)}"]
+        choices = ", ".join(ENGINES)
+        return [f"argument --rollout-engine: {name!r} is out of range; it must be one of {choices}"]
     entry = engine_entry(name)
     errors = []
     if not entry.needs_hf_checkpoint and config.hf_checkpoint:
         takers = [n for n in ENGINES if engine_entry(n).needs_hf_checkpoint]
         errors.append(
-            f"--rollout-engine {name} samples from the built-in model, not --hf-checkpoint {config.hf_checkpoint}: "
-            f"use --rollout-engine {' or '.join(takers)} (or drop --hf-checkpoint)"
+            f"--rollout-engine {name} samples from the built-in model, not --hf-checkpoint "
+            f"{config.hf_checkpoint}: use --rollout-engine {' or '.join(takers)} (or drop --hf-checkpoint)"
         )
     if entry.needs_hf_checkpoint and not config.hf_checkpoint:
         errors.append(

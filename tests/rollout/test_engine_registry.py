@@ -66,7 +66,7 @@ def test_the_built_in_engines_answer_from_their_entries():
     vllm = registry.engine_entry("vllm")
     assert vllm.reports_behaviour_log_probs and not vllm.runs_in_process and vllm.needs_hf_checkpoint
     assert not registry.engine_entry("tiny").needs_hf_checkpoint
-    with pytest.raises(ValueError, match="--rollout-engine 'sglang': unknown engine; choose one of tiny, hf, vllm"):
+    with pytest.raises(ValueError, match="'sglang': unknown engine; choose one of tiny, hf, vllm"):
         registry.engine_entry("sglang")
     # a RunConfig built in Python is refused as the command line's choices would refuse it
     assert config_errors(RunConfig(rollout_engine="sglang")) == [
@@ -77,7 +77,8 @@ def test_the_built_in_engines_answer_from_their_entries():
 def test_a_registered_engine_gets_the_shared_rules_from_what_it_declares(recording_engine):
     # it samples from the built-in model: a checkpoint is refused, and the engines that take one are named
     (error,) = config_errors(RunConfig(rollout_engine="recording", hf_checkpoint="/m"))
-    assert error.startswith("--rollout-engine recording samples from the built-in model, not --hf-checkpoint /m")
+    assert error.startswith("--rollout-engine recording samples from the built-in model, not "
+                            "--hf-checkpoint /m: use --rollout-engine hf or vllm")
     # its sampling flags are the tiny engine's: top-k passes, stop strings are refused naming vLLM
     assert config_errors(RunConfig(rollout_engine="recording", rollout_top_k=3)) == []
     (error,) = config_errors(RunConfig(rollout_engine="recording", rollout_stop=("x",)))

@@ -30,6 +30,7 @@ from relax.algorithms.base import RLAlgorithm
 from relax.backends.registry import backend_names
 from relax.config.fields import flag_default, flag_of, option_strings
 from relax.config.run import RunConfig
+from relax.rollout.registry import engine_names
 
 CONFIG_FILE_GROUP = "configuration file"
 RUN_FIELD_NAMES = {f.name for f in attrs.fields(RunConfig)}
@@ -86,11 +87,13 @@ def known_algorithm_spec(text) -> str:
 
 def _registered_options() -> dict[str, dict]:
     """What a field cannot say because its values are registered above the configuration layer:
-    the method names of ``--advantage-estimator`` and the backends of ``--backend``."""
+    the method names of ``--advantage-estimator``, the backends of ``--backend`` and the engines of
+    ``--rollout-engine``."""
     help = flag_of(attrs.fields(RunConfig).advantage_estimator).help
     return {
         "advantage_estimator": {"type": known_algorithm_spec, "help": f"{help}; registered: {', '.join(algorithm_names())}"},
         "backend": {"choices": backend_names()},
+        "rollout_engine": {"choices": engine_names()},
     }
 
 

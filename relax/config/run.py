@@ -29,8 +29,6 @@ from relax.config.fields import (
     flag,
 )
 
-# --rollout-engine (relax.rollout.engines)
-ROLLOUT_ENGINES = ("tiny", "hf", "vllm")
 LR_DECAY_STYLES = ("constant", "linear", "cosine")  # relax.backends.optim implements each
 SHARDING_MODES = ("none", "fsdp")  # relax.backends.sharding implements fsdp
 
@@ -112,10 +110,11 @@ class RunConfig:
         "DAPO over-long filtering: a response cut at --rollout-max-response-len (no end-of-sequence token) "
         "contributes nothing to the loss, and the loss's token and sequence counts exclude it; its reward "
         "still enters its group's statistics", group="sampling"))
+    # Choices: the registered engines (added by relax.cli.arguments; relax.rollout.registry is above).
     rollout_engine: str | None = attrs.field(default=None, metadata=flag(
         "generation engine of the rollout workers: tiny (the built-in model), hf (relax's transformers loop) or "
         "vllm (vLLM inside each rollout worker; needs the vllm extra, docs/en/rollout-engines.md); default: hf "
-        "with --hf-checkpoint, else tiny", group="sampling", check=OneOf(ROLLOUT_ENGINES)))
+        "with --hf-checkpoint, else tiny", group="sampling"))
     rollout_top_k: int = attrs.field(default=0, metadata=flag(
         "sample only from the K most likely tokens (vllm and tiny engines); 0 = no top-k",
         group="sampling", check=NON_NEGATIVE_INT, metavar="K"))

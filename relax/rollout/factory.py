@@ -37,23 +37,12 @@ def reward_setup(config: RunConfig):
 
 
 def build_engine(config: RunConfig):
-    """The rollout's generation engine (it owns a copy of the policy weights): ``--rollout-engine``
-    (``relax.rollout.engines``). It runs on the worker's GPU when Ray gave the worker one (a worker
-    without a GPU sees none and stays on the CPU); what it returns is on the CPU."""
-    from relax.rollout.engines import engine_name
+    """The rollout's generation engine (it owns a copy of the policy weights): ``--rollout-engine``'s
+    entry builds it (``relax.rollout.registry``). It runs on the worker's GPU when Ray gave the worker
+    one (a worker without a GPU sees none and stays on the CPU); what it returns is on the CPU."""
+    from relax.rollout.engines import run_engine
 
-    if engine_name(config) == "vllm":
-        from relax.rollout.vllm.factory import vllm_engine_from_config
-
-        return vllm_engine_from_config(config)
-    if config.hf_checkpoint:
-        from relax.rollout.hf.factory import hf_engine_from_config
-
-        return hf_engine_from_config(config)
-    from relax.models.factory import default_device
-    from relax.rollout.tasks import get_task
-
-    return get_task(config.task).make_engine().to(default_device())  # the worker's GPU, if it has one
+    return run_engine(config).build(config)
 
 
 def build_prompt_source(config: RunConfig, tokenizer):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import attrs
 
 from relax.config.run import RunConfig
+from relax.rollout.engines import in_process_refusal
 
 FIX = "drop --in-process to run it on Ray"
 
@@ -29,8 +30,9 @@ def _needs_ray(config, algorithm) -> list[str]:
     if config.backend != default_backend:  # e.g. Megatron: torch.distributed and its parallel state per process
         reasons.append(f"--backend {config.backend} (in-process runs the {default_backend} backend; the others set "
                        "up process-wide state that belongs in a worker process)")
-    if config.rollout_engine == "vllm":
-        reasons.append("--rollout-engine vllm (in-process runs the tiny and hf engines only; vLLM is not tried there)")
+    engine = in_process_refusal(config)  # e.g. vLLM (relax.rollout.registry: the engine's runs_in_process)
+    if engine:
+        reasons.append(engine)
     if config.fully_async:
         reasons.append("--fully-async (in-process runs the synchronous schedule: one call after the other)")
     if algorithm.needs_critic:

@@ -35,16 +35,14 @@ def publish_dtype(config) -> torch.dtype | None:
     """The dtype the run's rollout engines hold the policy in, when it is not the trainer's float32:
     the vLLM engine's (bfloat16 with ``--bf16``). The transformers engine loads float32 (its log-probs
     must match the trainer's) and the built-in engine the trainer's own dtype: None, sent as exported."""
-    from relax.rollout.engines import engine_name
+    from relax.rollout.engines import run_engine
 
-    if engine_name(config) != "vllm":
+    engine_dtype = run_engine(config).weights_dtype(config)  # the engine's own rule (relax.rollout.registry)
+    if engine_dtype is None:
         return None
     from relax.models.hf.loading import resolve_dtype
-    from relax.rollout.vllm import factory
 
-    # the engine's own rule; a vLLM factory without one builds float32 engines
-    engine_dtype = getattr(factory, "engine_dtype", lambda config: "float32")
-    dtype = resolve_dtype(engine_dtype(config))
+    dtype = resolve_dtype(engine_dtype)
     return None if dtype == torch.float32 else dtype
 
 

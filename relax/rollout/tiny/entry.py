@@ -1,0 +1,19 @@
+"""``--rollout-engine tiny`` in the engine registry (``relax.rollout.registry``): the built-in
+``--task``'s model in a ``TinyEngine``, the default without ``--hf-checkpoint``."""
+
+from __future__ import annotations
+
+from relax.rollout.registry import EngineEntry
+
+
+class TinyEntry(EngineEntry):
+    needs_hf_checkpoint = False  # samples from the built-in task's model
+    # top-k and min-p filter its distribution (relax.models.sampled_distribution); it has no stop strings
+    sampling_fields = frozenset({"rollout_top_k", "rollout_min_p"})
+
+    @classmethod
+    def build(cls, config):
+        from relax.models.factory import default_device
+        from relax.rollout.tasks import get_task
+
+        return get_task(config.task).make_engine().to(default_device())  # the worker's GPU, if it has one

@@ -23,6 +23,7 @@ import threading
 import time
 
 from relax.rollout.reward_services import Service, services_of
+from relax.runtime.console import log
 from relax.runtime.ray_session import RUN_PREFIX_ENV
 from relax.runtime.waits import WorkerDied, get
 
@@ -128,6 +129,7 @@ class RewardServices:
         self.services: list[Service] = services_of(config)
         self.handles: dict = {}
         self.apps: list[str] = []
+        self.placements: list[str] = []  # where each service's replicas run, for the start-up line
         self.ready_at: float | None = None
         self._error: str | None = None
         self._thread: threading.Thread | None = None
@@ -167,6 +169,8 @@ class RewardServices:
                 self.handles[s.metric] = serve.run(make_deployment(settings), name=name, route_prefix=None,
                                                    logging_config=quiet)
                 self.apps.append(name)
+                where = f"{settings['gpus']:g} GPU each" if settings["gpus"] > 0 else "the CPU"
+                self.placements.append(f"{s.title}: {settings['replicas']} replica(s) on {where}")
             self.ready_at = time.perf_counter()
         except Exception as exc:  # noqa: BLE001 - reported by connect() on the main thread
             self._error = f"{type(exc).__name__}: {exc}"
@@ -186,6 +190,7 @@ class RewardServices:
             raise WorkerDied(f"{names} failed to start on Ray Serve: {self._error}")
         for s in self.services:
             self.check(s, timeout)
+        log("relax: devices: " + "; ".join(self.placements))
         get([r.set_reward_services.remote(self.handles) for r in rollouts], "rollout", timeout=timeout)
 
     def check(self, service: Service, timeout: float) -> float:

@@ -38,7 +38,7 @@ def _common(tmp_path: Path, policy: Path) -> list[str]:
 @pytest.mark.ray
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_a_reward_model_on_serve_mixes_with_a_function_reward_under_gdpo(ray_cluster, tmp_path, monkeypatch):
+def test_a_reward_model_on_serve_mixes_with_a_function_reward_under_gdpo(ray_cluster, tmp_path, monkeypatch, capsys):
     from relax.cli.main import main
 
     shutil.copy(TOY_REWARD, ray_cluster / "toy_reward.py")
@@ -51,6 +51,9 @@ def test_a_reward_model_on_serve_mixes_with_a_function_reward_under_gdpo(ray_clu
             "--eval-prompt-data", _prompts(tmp_path / "eval.jsonl", 4), "--no-eval-before-train",
             "--log-completions", "16"]
     assert main(argv) == 0
+    # the start-up says where the service runs (no GPU here: the CPU), beside the workers' devices
+    err = capsys.readouterr().err
+    assert f"relax: devices: the reward model service (--reward-model-path {rm}): 1 replica(s) on the CPU" in err
     rows = _rows(tmp_path / "run")
     train = [r for r in rows if "reward/rm/mean" in r]
     assert [r["step"] for r in train] == [1, 2, 3]

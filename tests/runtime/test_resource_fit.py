@@ -46,6 +46,9 @@ def test_a_runs_own_ray_gets_the_cpus_its_requests_add_up_to(monkeypatch):
         seen.update(kwargs)
         raise Stop
 
+    # start_ray sets this process's environment for the Ray it would start (a new run prefix among it):
+    # a copy keeps the shared test cluster's runs on the prefix their workers were started with
+    monkeypatch.setattr(ray_session.os, "environ", dict(ray_session.os.environ))
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray, "init", fake_init)
     monkeypatch.setattr(ray_session, "Watchdog", lambda: None)

@@ -114,18 +114,22 @@ def test_without_cuda_a_rank_trains_on_the_cpu(monkeypatch):
 
 
 @pytest.mark.timeout(120)
-def test_on_cuda_the_cpu_patches_stay_off_and_ranks_talk_over_nccl(fake_cuda):
+def test_on_cuda_the_cpu_patches_stay_off_and_ranks_talk_over_nccl(fake_cuda, monkeypatch):
     from relax.backends.megatron import _cpu_compat, load_megatron_backend, placement
 
     MegatronBackend = load_megatron_backend()  # noqa: N806 (the class)
-    current_device = torch.cuda.current_device
+    # The patches are process-wide: an earlier CPU test in this process may have applied them, so the
+    # check is that preparing a CUDA rank never applies them (and a CPU rank does).
+    real_apply, applied = _cpu_compat.apply, []
+    monkeypatch.setattr(_cpu_compat, "apply", lambda: applied.append(True))
     placement.prepare_megatron(torch.device("cuda", 0))
-    assert not _cpu_compat.is_applied()
-    assert torch.cuda.current_device is current_device  # not rewritten to "cpu"
+    assert applied == []
+    placement.prepare_megatron(torch.device("cpu"))
+    assert applied == [True]
     # NCCL even for a source model on the CPU: the backend builds its own copy on the GPU
     assert MegatronBackend.process_group_kind(torch.nn.Linear(2, 2)) == "nccl"
     with pytest.raises(RuntimeError, match="CUDA is available"):
-        _cpu_compat.apply()
+        real_apply()
 
 
 @pytest.mark.timeout(120)

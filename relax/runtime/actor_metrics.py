@@ -92,20 +92,23 @@ def policy_health_shares(shard: dict, rows: slice, response_mask: torch.Tensor, 
     return shares
 
 
-def off_policy_weight_metrics(shard: dict, algorithm_config, process_group=None) -> dict[str, float]:
+def off_policy_weight_metrics(shard: dict, algorithm_config, process_group=None,
+                              device: torch.device | None = None) -> dict[str, float]:
     """The step's importance-weight diagnostics (``numerics.weight_statistics``: pre-cap quantiles,
     effective sample size, capped share) for ``--off-policy-correction``, logged as ``off_policy/*``.
 
     Quantiles are not shares, so the units (tokens or sequences, as the correction weighs them) of
     every data-parallel rank are gathered first: every rank of ``process_group`` calls this, also one
     that holds nothing this step, and all return the whole step's numbers. The weights are those the
-    first mini-batch sees: the old log-probs are computed before the step's first update."""
+    first mini-batch sees: the old log-probs are computed before the step's first update. ``device``:
+    the model's (default the CPU), where the units are gathered: an NCCL group gathers GPU tensors only."""
     mode, cap = algorithm_config.off_policy_correction, algorithm_config.off_policy_cap
     engine = shard.get("fields", {}).get("rollout_log_probs")
+    device = torch.device("cpu") if device is None else device
     if shard.get("batch") is None or engine is None:
-        local = torch.zeros(0, dtype=torch.float64)
-    else:  # on the CPU, like the rest of the step's bookkeeping: a metric, gathered over the group
-        local = numerics.unit_log_weights(shard["old_log_probs"].detach().float().cpu(), engine.float().cpu(),
-                                          shard["batch"].response_mask.cpu(), mode)
+        local = torch.zeros(0, dtype=torch.float64, device=device)
+    else:
+        local = numerics.unit_log_weights(shard["old_log_probs"].detach().float().to(device),
+                                          engine.float().to(device), shard["batch"].response_mask.to(device), mode)
     whole, _ = numerics.all_gather_rows(local, process_group)
     return {f"off_policy/{k}": v for k, v in numerics.weight_statistics(whole, mode, cap).items()}

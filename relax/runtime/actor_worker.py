@@ -272,7 +272,8 @@ class ActorCore:
         if self.advantages_on_actor:
             self._compute_advantages(plan, shard, with_values)
         if self.config.algorithm.off_policy_correction != "none":  # a collective over the data-parallel group
-            metrics.update(off_policy_weight_metrics(shard, self.config.algorithm, self.dp_group))
+            metrics.update(off_policy_weight_metrics(shard, self.config.algorithm, self.dp_group,
+                                                     self.backend.device))
         parts = self._optimizer_steps(plan, shard)
         t2 = time.perf_counter()
         # ``actor/*`` here is this rank's share (the whole value with one rank). The driver sums

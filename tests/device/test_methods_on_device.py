@@ -71,3 +71,33 @@ def test_method_on_the_device_makes_its_tensors_there_and_matches_the_cpu(device
     assert metrics.keys() == expected_metrics.keys()
     for key, value in expected_metrics.items():
         assert float(metrics[key]) == pytest.approx(float(value), rel=1e-5, abs=1e-7), f"{name}: {key}"
+
+
+def test_off_policy_weight_metrics_are_computed_on_the_models_device(device, monkeypatch):
+    """The ``off_policy/*`` units are gathered over the data-parallel group, which on GPUs is NCCL's
+    and takes device tensors only: they are made on the model's device (a rank without rows too)."""
+    from relax.algorithms import AlgorithmConfig
+    from relax.algorithms import numerics
+    from relax.runtime import actor_metrics
+
+    seen = []
+
+    def gather(local, process_group=None, **kwargs):  # the collective's view of what it is handed
+        seen.append(on_device(local))
+        return local, 0
+
+    monkeypatch.setattr(numerics, "all_gather_rows", gather)
+    x = _inputs()
+
+    class Batch:
+        response_mask = x["mask"]
+
+    shard = {"batch": Batch(), "old_log_probs": x["old"], "fields": {"rollout_log_probs": x["rollout"]}}
+    config = AlgorithmConfig(off_policy_correction="tis", off_policy_cap=1.5)
+    with on_the_cpu():
+        expected = actor_metrics.off_policy_weight_metrics(shard, config)
+    got = actor_metrics.off_policy_weight_metrics(shard, config, device=DEVICE)
+    assert seen == [False, True]  # the CPU reference's units on the CPU, the device run's on the device
+    assert got == {k: pytest.approx(v, rel=1e-6) for k, v in expected.items()}
+    actor_metrics.off_policy_weight_metrics({"batch": None, "fields": {}}, config, device=DEVICE)
+    assert seen[-1] is True

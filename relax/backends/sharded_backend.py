@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from relax.backends import optim, sharding
-from relax.backends.torch_backend import TorchBackend, _slices, _to_device
+from relax.backends.torch_backend import TorchBackend, _slices, _to_device, check_state
 from relax.models import packing
 from relax.models.batch import TokenBatch, TokenLogProbs
 
@@ -126,9 +126,7 @@ class ShardedTorchBackend(TorchBackend):
         """Whole tensors (saved with any number of ranks, sharded or not) -> this rank's shards."""
         import copy
 
-        missing = {"model", "optimizer", "step"} - set(state)
-        if missing:
-            raise KeyError(f"TorchBackend state is missing {sorted(missing)}; was it saved by TorchBackend.state_dict()?")
+        check_state(state)
         self.model.reshard()
         if self.lora:
             from relax.models.hf.lora import load_adapter

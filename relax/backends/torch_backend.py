@@ -66,6 +66,13 @@ def lora_config_errors(config: RunConfig) -> list[str]:
     return errors
 
 
+def check_state(state: Mapping) -> None:
+    """``TorchBackend.state_dict``'s keys are all there (a checkpoint written by it, replicated or sharded)."""
+    missing = {"model", "optimizer", "step"} - set(state)
+    if missing:
+        raise KeyError(f"TorchBackend state is missing {sorted(missing)}; was it saved by TorchBackend.state_dict()?")
+
+
 def enable_recompute(model: nn.Module) -> None:
     """``--recompute-activations``: checkpoint every transformer block of ``model`` (the built-in
     ``TinyCausalLM``, a transformers ``*ForCausalLM``, or a ``ValueModel`` on either)."""
@@ -345,9 +352,7 @@ class TorchBackend(TrainingBackend):
         }
 
     def load_state_dict(self, state: Mapping) -> None:
-        missing = {"model", "optimizer", "step"} - set(state)
-        if missing:
-            raise KeyError(f"TorchBackend state is missing {sorted(missing)}; was it saved by TorchBackend.state_dict()?")
+        check_state(state)
         if self.lora:
             from relax.models.hf.lora import load_adapter
 

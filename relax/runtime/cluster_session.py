@@ -25,7 +25,9 @@ import signal
 import time
 from typing import NamedTuple
 
-RAY_MARKERS = ("ray::", "raylet", "gcs_server", "/ray/", "default_worker.py", "ray.util.client.server")
+from relax.runtime import reaper
+
+RAY_MARKERS = (*reaper.RAY_MARKERS, "ray.util.client.server")
 TERM_GRACE_S = 3.0
 
 
@@ -76,12 +78,8 @@ def ancestors(pid: int, procs: dict[int, Proc]) -> set[int]:
 
 
 def is_ray(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return False
-    return any(marker in cmdline for marker in RAY_MARKERS)
+    """Whether process ``pid`` is one of Ray's, its client server included."""
+    return reaper.is_ray(pid, RAY_MARKERS)
 
 
 def owned(session: int, anchors: dict) -> dict[int, int]:

@@ -38,13 +38,14 @@ def _stat(pid: int) -> tuple[int, int, str] | None:
     return int(fields[1]), int(fields[19]), fields[0]
 
 
-def _is_ray(pid: int) -> bool:
+def is_ray(pid: int, markers: tuple[str, ...] = RAY_MARKERS) -> bool:
+    """Whether process ``pid``'s command line is one of Ray's (by ``markers``)."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
         return False
-    return any(marker in cmdline for marker in RAY_MARKERS)
+    return any(marker in cmdline for marker in markers)
 
 
 def descendants(root: int, only_ray: bool = True) -> dict[int, int]:
@@ -62,7 +63,7 @@ def descendants(root: int, only_ray: bool = True) -> dict[int, int]:
             continue
         found[pid] = starts[pid]
         todo += children.get(pid, [])
-    return {pid: start for pid, start in found.items() if not only_ray or _is_ray(pid)}
+    return {pid: start for pid, start in found.items() if not only_ray or is_ray(pid)}
 
 
 def kill(processes: dict[int, int]) -> list[int]:
@@ -82,7 +83,7 @@ def kill(processes: dict[int, int]) -> list[int]:
 
 def kill_pids(pids: list[int]) -> list[int]:
     """SIGKILL the Ray processes among ``pids`` (a run's own workers); returns the pids killed."""
-    return kill({p: stat[1] for p in pids if (stat := _stat(p)) is not None and _is_ray(p)})
+    return kill({p: stat[1] for p in pids if (stat := _stat(p)) is not None and is_ray(p)})
 
 
 def sweep(exclude: tuple[int, ...] = ()) -> list[int]:

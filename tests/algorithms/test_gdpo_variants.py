@@ -465,31 +465,9 @@ def _single_process_reference(axes):
 
 @pytest.mark.timeout(120)
 def test_two_gloo_ranks_match_the_single_process_batch():
-    import multiprocessing as mp
-    import queue as queue_module
-    import socket
+    from spawned_ranks import spawn_ranks
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    procs = [ctx.Process(target=_dist_rank, args=(r, port, q)) for r in range(2)]
-    for p in procs:
-        p.start()
-    results = {}
-    try:
-        for _ in procs:
-            rank, res = q.get(timeout=90)
-            results[rank] = res
-    except queue_module.Empty:
-        pytest.fail(f"a rank did not report within 90 s (hang?); got ranks {sorted(results)}")
-    finally:
-        for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
-                p.join()
+    results, _ = spawn_ranks(_dist_rank, 2, join_timeout_s=90)
     for rank in range(2):
         assert "__error__" not in results[rank], results[rank]
     for name, axes in DIST_CONFIGS.items():

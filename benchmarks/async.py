@@ -3,7 +3,7 @@
 Four ways to train the same model, task, batch (32 prompts x 8 samples, two mini-batches) and
 algorithm configuration, measured in this invocation so that the machine's load hits all of them:
 
-(a) the bare synchronous loop (``benchmarks/bare_loop.py``: one process, no Ray);
+(a) the synchronous run in one process (``benchmarks/in_process.py``: ``--in-process``, no Ray);
 (b) the synchronous runtime (``relax train``);
 (c) ``--fully-async --max-staleness 1``;
 (d) the same with ``--rollout-num-workers 2``.
@@ -31,12 +31,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bare_loop import make_algorithm, run_bare_loop
+from in_process import recipe_config, run_in_process
 
 from relax.algorithms import AlgorithmConfig
-from relax.rollout.tasks import get_task
 from relax.config.run import RunConfig
-from relax.runtime.train import run
+from relax.rollout.tasks import get_task
+from relax.runtime.driver.train import run
 
 PROMPTS, SAMPLES, MINIBATCHES = 32, 8, 2
 WARMUP_STEPS = 5
@@ -71,9 +71,9 @@ def _summary(rows: list[dict], startup_s: float | None = None) -> dict:
 
 def bare(algo: str, steps: int) -> dict:
     keys = get_task("addition").reward_keys
-    algorithm = make_algorithm(algo, keys, n_samples_per_prompt=SAMPLES)
-    out = run_bare_loop(algorithm, steps=steps, prompts_per_step=PROMPTS, n_samples=SAMPLES,
-                        num_minibatches=MINIBATCHES, seed=0, log_every=0)
+    algorithm = recipe_config(keys, n_samples_per_prompt=SAMPLES)
+    out = run_in_process(algo, algorithm, steps=steps, prompts_per_step=PROMPTS, num_minibatches=MINIBATCHES,
+                        seed=0, log_every=0)
     return _summary(out["history"])
 
 
@@ -81,7 +81,7 @@ def runtime(algo: str, steps: int, out_dir: str, **mode) -> dict:
     keys = get_task("addition").reward_keys
     config = RunConfig(
         advantage_estimator=algo,
-        # the bare loop's algorithm configuration (the recipe of docs/en/embedded-default.md)
+        # the in-process run's algorithm configuration (the recipe of docs/en/embedded-default.md)
         algorithm=AlgorithmConfig(n_samples_per_prompt=SAMPLES, reward_keys=keys, eps_clip=0.2, eps_clip_high=0.28,
                                   loss_aggregation="token_mean"),
         rollout_batch_size=PROMPTS, num_steps_per_rollout=MINIBATCHES, num_rollout=steps, seed=0,

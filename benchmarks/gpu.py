@@ -132,7 +132,6 @@ class BareLoop:
 
     def train_step(self, batch, old_log_probs, advantages, micro_batch_size: int) -> float:
         import torch
-        import torch.nn.functional as F
 
         from relax.algorithms import PolicyLossInputs
 
@@ -170,7 +169,7 @@ def train_step_phase(ckpt: Path, device: str, smoke: bool, peak: float | None) -
     from relax.backends.torch_backend import TorchBackend
     from relax.models.hf.adapter import hf_forward_logits
     from relax.models.hf.loading import load_hf_model
-    from relax.runtime.losses import policy_loss_fn
+    from relax.runtime.step.losses import policy_loss_fn
 
     n, mb, max_response, repeats = (8, 2, 24, 1) if smoke else (64, 8, 512, 3)
     base = load_hf_model(str(ckpt), dtype=torch.float32, device=device)
@@ -312,6 +311,9 @@ def relax_runs(ckpt: Path, rm: Path, work: Path, steps: int, smoke: bool) -> dic
         "default": ["--advantage-estimator", "gdpo", "--num-rollout", "3" if smoke else "40", "--no-progress"],
         "torch_bf16": qwen,
         "torch_bf16_packed": [*qwen, "--max-tokens-per-micro-batch", "8192"],
+        # the fast start on one GPU (no Ray), and the weight route as a torch.distributed broadcast
+        "torch_bf16_in_process": [*qwen, "--in-process"],
+        "torch_bf16_collective": [*qwen, "--weight-transport", "collective"],
         "megatron_bf16": [*qwen, "--backend", "megatron", "--tensor-model-parallel-size", "1"],
         "lora_reward_model": [*qwen[:qwen.index("--reward-keys")], "--reward-keys", "digits", "stops", "rm",
                               *qwen[qwen.index("--reward-keys") + 3:], "--lora-rank", "16",
@@ -319,8 +321,10 @@ def relax_runs(ckpt: Path, rm: Path, work: Path, steps: int, smoke: bool) -> dic
     }
 
 
-RUN_ORDER = ("default", "megatron_bf16", "torch_bf16", "lora_reward_model", "torch_bf16_packed")
-LIMITS = {"default": 120, "torch_bf16": 150, "torch_bf16_packed": 130, "megatron_bf16": 170, "lora_reward_model": 150}
+RUN_ORDER = ("default", "megatron_bf16", "torch_bf16", "lora_reward_model", "torch_bf16_packed",
+             "torch_bf16_in_process", "torch_bf16_collective")
+LIMITS = {"default": 120, "torch_bf16": 150, "torch_bf16_packed": 130, "megatron_bf16": 170, "lora_reward_model": 150,
+          "torch_bf16_in_process": 120, "torch_bf16_collective": 150}
 
 
 def runs_phase(ckpt: Path, rm: Path, work: Path, deadline: float, steps: int, smoke: bool, params: int,

@@ -70,7 +70,7 @@ def run(args) -> dict:
     from relax.algorithms.grpo import GRPO
     from relax.backends.torch_backend import TorchBackend
     from relax.models.hf.adapter import hf_forward_logits
-    from relax.runtime.losses import policy_loss_fn
+    from relax.runtime.step.losses import policy_loss_fn
 
     torch.set_num_threads(args.threads)
     model = build_model(args.hidden, args.layers, args.vocab)

@@ -1,10 +1,10 @@
-"""Framework overhead of ``relax train``: the Ray runtime vs the bare single-process loop.
+"""Framework overhead of ``relax train``: the Ray runtime vs the same run in one process.
 
 The same model (the shipped warm-up TinyCausalLM), task (addition, 4 reward components), batch
 (32 prompts x 8 samples, two mini-batches) and algorithm configuration run
 
-(a) through the runtime, ``relax.runtime.train.run(config)`` (Ray + Serve + TransferQueue), and
-(b) as the bare loop of ``benchmarks/bare_loop.py`` (one process, no Ray),
+(a) through the runtime, ``relax.runtime.driver.train.run(config)`` (Ray + Serve + TransferQueue), and
+(b) as ``relax train --in-process`` (``benchmarks/in_process.py``: one process, no Ray),
 
 measured in the same invocation (bare, runtime, bare again, so that a change of machine load hits
 both sides). Reported:
@@ -36,15 +36,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bare_loop import make_algorithm, run_bare_loop
+from in_process import recipe_config, run_in_process
 
 from relax.algorithms import AlgorithmConfig
+from relax.config.run import RunConfig
+from relax.models.tiny.weights import load_warmup_model
 from relax.rollout.base import SamplingParams
 from relax.rollout.tasks import get_task
 from relax.rollout.tiny.engine import TinyEngine
-from relax.models.tiny.weights import load_warmup_model
-from relax.config.run import RunConfig
-from relax.runtime.train import run
+from relax.runtime.driver.train import run
 
 PROMPTS, SAMPLES, MINIBATCHES = 32, 8, 2
 WARMUP_STEPS = 5
@@ -57,10 +57,10 @@ def _median_after_warmup(values):
 
 def bare(algo: str, steps: int) -> dict:
     keys = get_task("addition").reward_keys
-    algorithm = make_algorithm(algo, keys, n_samples_per_prompt=SAMPLES)
+    algorithm = recipe_config(keys, n_samples_per_prompt=SAMPLES)
     t0 = time.perf_counter()
-    out = run_bare_loop(algorithm, steps=steps, prompts_per_step=PROMPTS, n_samples=SAMPLES,
-                        num_minibatches=MINIBATCHES, seed=0, log_every=0)
+    out = run_in_process(algo, algorithm, steps=steps, prompts_per_step=PROMPTS, num_minibatches=MINIBATCHES,
+                        seed=0, log_every=0)
     hist = out["history"]
     return {"step_s": _median_after_warmup(r["time/step_s"] for r in hist),
             "rollout_s": _median_after_warmup(r["time/rollout_s"] for r in hist), "wall_s": time.perf_counter() - t0}
@@ -70,7 +70,7 @@ def runtime(algo: str, steps: int, out_dir: str) -> dict:
     keys = get_task("addition").reward_keys
     config = RunConfig(
         advantage_estimator=algo,
-        # the bare loop's algorithm configuration (the recipe of docs/en/embedded-default.md)
+        # the in-process run's algorithm configuration (the recipe of docs/en/embedded-default.md)
         algorithm=AlgorithmConfig(n_samples_per_prompt=SAMPLES, reward_keys=keys, eps_clip=0.2, eps_clip_high=0.28,
                                   loss_aggregation="token_mean"),
         rollout_batch_size=PROMPTS,

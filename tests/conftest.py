@@ -40,8 +40,8 @@ def ray_cluster():
     warnings.filterwarnings("ignore", module="pydantic")
     import ray
 
-    from relax.runtime import lazy_dynamo
-    from relax.runtime.data_plane import TransferQueueDataPlane
+    from relax.runtime.data import lazy_dynamo
+    from relax.runtime.data.data_plane import TransferQueueDataPlane
 
     paths = [str(user_dir)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     env = {**{k: os.environ[k] for k in RAY_ENV}, "PYTHONPATH": os.pathsep.join(paths)}

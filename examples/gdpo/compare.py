@@ -1,16 +1,16 @@
 """GRPO vs GDPO on the built-in addition task: same seeds, same budget, several reward settings.
 
-Each run trains the shipped warm-up model with ``relax.recipes.local_loop.train_local`` (one process,
-one thread, 32 prompts x 8 samples, two mini-batches per rollout) and logs every reward component
-and the multi-reward diagnostics at every step. Settings (``docs/en/embedded-default.md``):
+Each run trains the shipped warm-up model with ``relax train --in-process``
+(``relax.recipes.single_process``: one process, one thread, 32 prompts x 8 samples, two mini-batches
+per rollout) and logs every reward component and the multi-reward diagnostics at every step. Settings (``docs/en/embedded-default.md``):
 
 - A: the four components correct, digits, format, length, weight 1 each (balanced);
 - B: the same with ``length`` x10 (optional: not in the default run);
 - C: plus ``brevity`` (1 - len/8 if the answer stops) x10, which conflicts with two-digit answers;
 - D: plus a reproducible coin-flip ``judge`` x5 that carries no information.
 
-"x10" multiplies the component's raw value (``train_local(reward_scales=...)``), as if the reward
-function reported it on a 0..10 scale; every reward weight stays 1. That is the scale GDPO is
+"x10" multiplies the component's raw value (a ``--custom-rm-path`` function of ``scaled_rewards.py``),
+as if the reward function reported it on a 0..10 scale; every reward weight stays 1. That is the scale GDPO is
 invariant to. A reward *weight* of 10 is a different thing: GDPO applies weights after its
 per-component normalization, so weight 10 really makes the component dominate for GDPO too.
 
@@ -48,6 +48,7 @@ BASE = ("correct", "digits", "format", "length")
 WINDOW_FRACTION = 0.1  # "last 10 % of steps"
 TRAILING = 20  # steps in the trailing mean that dates a collapse
 HACKED_CORRECT = 0.05  # correct at or below this = the policy gave up on the answer
+PROMPTS, SAMPLES, MINIBATCHES = 32, 8, 2  # each step: 32 prompts x 8 samples, two optimizer steps
 
 
 @attrs.frozen
@@ -65,6 +66,13 @@ class Setting:
         from relax.rollout.tasks import get_task
 
         return get_task(self.task).reward_keys
+
+    @property
+    def reward(self) -> str | None:
+        """The ``--custom-rm-path`` of ``scaled_rewards`` that reports the scaled component (None: the
+        task's own reward)."""
+        key = self.scaled
+        return None if key is None else f"scaled_rewards:{key}_x{dict(zip(self.components, self.scales))[key]:g}"
 
     @property
     def scaled(self) -> str | None:
@@ -111,42 +119,64 @@ QUICK = {"settings": ("A", "C", "D"), "seeds": 2, "steps": 12}
 
 
 def run_one(job: dict) -> dict:
-    """Train one (setting, method, seed) and return its per-step metrics (runs in a worker too)."""
-    from relax.recipes.local_loop import recipe_config, train_local
+    """Train one (setting, method, seed) with ``relax train --in-process`` and return its per-step metrics
+    (runs in a worker too)."""
+    import tempfile
 
+    from relax.config.algorithm import AlgorithmConfig
+    from relax.config.run import RunConfig
+    from relax.recipes.single_process import train_single_process
+
+    if str(HERE) not in sys.path:
+        sys.path.insert(0, str(HERE))  # scaled_rewards, the settings' --custom-rm-path functions
     setting = SETTINGS[job["setting"]]
-    config = recipe_config(setting.components)  # weights 1 each
-    reward_scales = dict(zip(setting.components, setting.scales))
-    result = train_local(
-        setting.task,
-        job["method"],
-        config,
-        steps=job["steps"],
-        seed=job["seed"],
-        num_threads=1,
-        reward_scales=reward_scales,
-    )
+    # the embedded-default recipe (docs/en/embedded-default.md), every reward weight 1
+    algorithm = AlgorithmConfig(n_samples_per_prompt=SAMPLES, reward_keys=setting.components, eps_clip=0.2,
+                                eps_clip_high=0.28, loss_aggregation="token_mean")
+    with tempfile.TemporaryDirectory(prefix="gdpo_compare_") as out:
+        config = RunConfig(
+            advantage_estimator=job["method"], algorithm=algorithm, task=setting.task, custom_rm_path=setting.reward,
+            rollout_batch_size=PROMPTS, num_steps_per_rollout=MINIBATCHES, num_rollout=job["steps"],
+            seed=job["seed"], evaluate=False, progress=False, log_interval=job["steps"], output_dir=out,
+        )
+        result = train_single_process(config)
     keep = (
         "step",
-        "kept_frac",
-        "response/tokens_mean",
+        "rollout/groups_kept",
+        "rollout/response_len",
         "multi_reward/collapse_rate",
         "multi_reward/gdpo_cancel_rate",
         "multi_reward/varied_group_frac",
     )
+    factors = dict(zip(setting.components, setting.scales))
     history = [
-        {k: v for k, v in row.items() if k in keep or (k.startswith("reward/") and k.endswith("/mean"))}
-        for row in result.history
+        # reward/<key>/mean in the task's units: the scaled component's mean divided by its factor
+        {k: v / factors[k.split("/")[1]] if k.startswith("reward/") else v for k, v in row.items()
+         if k in keep or (k.startswith("reward/") and k.endswith("/mean") and k.split("/")[1] in factors)}
+        for row in result.rows if "time/step_s" in row
     ]
     return {
         **job,
         "task": setting.task,
         "scales": list(setting.scales),
         "components": list(setting.components),
-        "greedy_accuracy": result.greedy_accuracy,
+        "greedy_accuracy": final_greedy_accuracy(result.weights, setting.task),
         "seconds": result.seconds,
         "history": history,
     }
+
+
+def final_greedy_accuracy(weights: dict, task_name: str) -> float:
+    """The fraction of the 100 addition problems the trained policy answers correctly at temperature 0."""
+    from relax.models.tiny.weights import load_warmup_model
+    from relax.rollout.tasks import get_task
+    from relax.rollout.tasks.addition import greedy_accuracy
+    from relax.rollout.tiny.engine import TinyEngine
+
+    task = get_task(task_name)
+    engine = TinyEngine(load_warmup_model(), task.make_tokenizer())
+    engine.load_weights(weights)
+    return greedy_accuracy(engine, task)
 
 
 def run_all(jobs: list[dict], workers: int) -> list[dict]:
@@ -206,7 +236,7 @@ def run_summary(run: dict) -> dict:
         "last": last,
         "collapse_rate": _mean(r["multi_reward/collapse_rate"] for r in hist),
         "gdpo_cancel_rate": _mean(r["multi_reward/gdpo_cancel_rate"] for r in hist),
-        "tokens_last": _mean(r["response/tokens_mean"] for r in hist[-w:]),
+        "tokens_last": _mean(r["rollout/response_len"] for r in hist[-w:]),
         "greedy_accuracy": run["greedy_accuracy"],
         "correct_collapse_step": collapse_step,
     }
@@ -273,7 +303,7 @@ def plot(runs: list[dict], path: Path, smooth: int = 10) -> None:
         panels = [
             (f"reward/{k}/mean", f"{k}" + (f" (x{f:g})" if f != 1 else "")) for k, f in zip(comp, scales)
         ]
-        panels += [(None, None)] * (n_cols - 1 - len(panels)) + [("response/tokens_mean", "response tokens")]
+        panels += [(None, None)] * (n_cols - 1 - len(panels)) + [("rollout/response_len", "response tokens")]
         for col, (key, title) in enumerate(panels):
             ax = axes[row][col]
             if key is None:

@@ -165,6 +165,7 @@ class RLAlgorithm(metaclass=AlgorithmMeta):
     requires_on_policy_updates: ClassVar[bool] = False
     kl_level: ClassVar[str] = "token"
     group_relative: ClassVar[bool] = False
+    needs_teacher: ClassVar[bool] = False
 
     # -- the method's hyper-parameters: a subclass adds its own in a Config deriving from its parent's --
     Config: ClassVar[type[AlgorithmConfig]] = AlgorithmConfig
@@ -251,6 +252,15 @@ class RLAlgorithm(metaclass=AlgorithmMeta):
         return diagnostics.reward_statistics(
             rewards, group_ids, c.reward_keys, c.reward_weights, advantages, response_mask=response_mask
         )
+
+    def teacher_top_k(self) -> int | None:
+        """How much of the teacher's distribution the loss reads (a method with a teacher): None (the
+        default) = only the sampled tokens' log-probs; an int k = at every position also the log-probs
+        of the teacher's k most likely tokens under the teacher and the student
+        (``PolicyLossInputs.teacher_top_log_probs`` / ``student_top_log_probs``), 0 = the whole
+        vocabulary. The training ranks keep ``[N, T, k]`` per shard and hand the loss the student's whole
+        distribution of one micro-batch at a time."""
+        return None
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r})"

@@ -83,6 +83,11 @@ CAPABILITIES: dict[str, Capability] = {
             choices=("token", "sequence"),
         ),
         Capability(
+            "needs_teacher", bool, False,
+            "distills a frozen teacher (--teacher-checkpoint, required): the training ranks score the "
+            "sampled tokens with it and the loss reads PolicyLossInputs.teacher_log_probs",
+        ),
+        Capability(
             "group_relative", bool, False,
             "the reward stage compares samples within a prompt group: groups must stay whole, and a "
             "group without signal is dropped by the rollout",

@@ -8,8 +8,10 @@ with ``load_algorithm`` and instantiates the class itself; nothing pickles a liv
 from __future__ import annotations
 
 from relax.algorithms.base import RLAlgorithm
+from relax.algorithms.distill import OnPolicyDistill
 from relax.algorithms.gdpo import GDPO
 from relax.algorithms.gdpo_presets import GDPONVLabsTRL, GDPONVLabsVerl  # noqa: F401 - GDPO.PRESETS
+from relax.algorithms.gkd import GKD
 from relax.algorithms.grpo import CISPO, GRPO, GSPO, SAPO
 from relax.algorithms.m2po import M2PO
 from relax.algorithms.ppo import PPO
@@ -28,6 +30,8 @@ BUILTIN_ALGORITHMS: tuple[type[RLAlgorithm], ...] = (
     PPO,
     M2PO,
     GDPO,
+    OnPolicyDistill,
+    GKD,
 )
 
 _BY_NAME: dict[str, type[RLAlgorithm]] = {cls.name: cls for cls in BUILTIN_ALGORITHMS}

@@ -76,6 +76,8 @@ class PolicyLossInputs:
     of the whole optimizer mini-batch across all micro-batches and data-parallel ranks. When given,
     the loss is divided by them instead of by the local counts, so that summing the micro-batch
     losses (and averaging gradients over ranks times the world size) reproduces the full-batch loss.
+    ``teacher_log_probs``: the frozen teacher's log-probs of the sampled tokens (zero outside the
+    response), given only to a method that declares ``needs_teacher``.
     ``max_response_length``: the generation limit L_max (``--rollout-max-response-len``), the constant
     of the ``seq_mean_token_sum_norm`` aggregation's divisor.
     """
@@ -87,16 +89,31 @@ class PolicyLossInputs:
     ref_log_probs: torch.Tensor | None = attrs.field(default=None, validator=_optional_tensor)
     entropy: torch.Tensor | None = attrs.field(default=None, validator=_optional_tensor)
     rollout_log_probs: torch.Tensor | None = attrs.field(default=None, validator=_optional_tensor)
+    teacher_log_probs: torch.Tensor | None = attrs.field(default=None, validator=_optional_tensor)
     global_num_tokens: float | None = None
     global_num_sequences: float | None = None
     max_response_length: int | None = None
+    # A method whose ``teacher_top_k()`` is not None (GKD): at every position, the log-probs of the
+    # teacher's top-k tokens ``[N, T, k]`` (k = V: the whole vocabulary) under the teacher (no gradient)
+    # and under the student (with gradient), the same tokens in the same order.
+    teacher_top_log_probs: torch.Tensor | None = attrs.field(default=None, validator=_optional_tensor)
+    student_top_log_probs: torch.Tensor | None = attrs.field(default=None, validator=_optional_tensor)
 
     def __attrs_post_init__(self):
         shape = self.response_mask.shape
-        for name in ("log_probs", "old_log_probs", "advantages", "ref_log_probs", "entropy", "rollout_log_probs"):
+        for name in ("log_probs", "old_log_probs", "advantages", "ref_log_probs", "entropy", "rollout_log_probs",
+                     "teacher_log_probs"):
             t = getattr(self, name)
             if t is not None and t.shape != shape:
                 raise ValueError(f"{name} must have the shape of response_mask {tuple(shape)}, got {tuple(t.shape)}")
+        teacher, student = self.teacher_top_log_probs, self.student_top_log_probs
+        if (teacher is None) != (student is None):
+            raise ValueError("teacher_top_log_probs and student_top_log_probs come together (both or neither)")
+        if teacher is not None and (teacher.shape != student.shape or teacher.dim() != 3 or teacher.shape[:2] != shape):
+            raise ValueError(
+                f"teacher_top_log_probs and student_top_log_probs must both be [N, T, k] with [N, T] = "
+                f"{tuple(shape)}, got {tuple(teacher.shape)} and {tuple(student.shape)}"
+            )
         for name in ("global_num_tokens", "global_num_sequences"):
             _check_divisor(name, getattr(self, name))
         # A NaN/inf advantage on a valid token would silently poison the loss (or flip its sign).

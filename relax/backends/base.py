@@ -36,6 +36,8 @@ class TrainingBackend(abc.ABC):
     - ``packs_micro_batches``: the policy's passes honour ``--max-tokens-per-micro-batch``
       (token-budget, padding-free micro-batches; ``relax.models.packing``).
     - ``sharding_modes``: the ``--sharding`` values it implements (``none``: whole weights per rank).
+    - ``gives_distributions``: ``train_step(..., with_distribution=True)`` hands the loss every position's
+      whole distribution (a method whose ``teacher_top_k()`` is not None, GKD, needs it).
 
     ``forward_is_collective`` (per instance): every forward pass gathers weights from all ranks, so a
     rank without rows still joins each pass; the frozen reference then goes through ``shard_frozen``
@@ -52,6 +54,7 @@ class TrainingBackend(abc.ABC):
     supports_critic: ClassVar[bool] = False
     packs_micro_batches: ClassVar[bool] = False
     sharding_modes: ClassVar[tuple[str, ...]] = ("none",)
+    gives_distributions: ClassVar[bool] = False
 
     dp_rank: int = 0
     dp_size: int = 1
@@ -127,7 +130,8 @@ class TrainingBackend(abc.ABC):
         must normalize by whole-batch counts (``PolicyLossInputs.global_num_tokens``). Returns metrics,
         including ``grad_norm`` (before clipping) and the loss metrics summed over micro-batches (they are
         shares of the mini-batch, like the loss: see ``PolicyLossOutput``). ``with_entropy``: whether
-        the loss needs the per-token entropy."""
+        the loss needs the per-token entropy. ``with_distribution=True`` (only asked of a backend that
+        ``gives_distributions``): ``TokenLogProbs.all_log_probs`` holds each position's whole distribution."""
 
     def compute_values(self, batch: TokenBatch, *, micro_batch_size: int | None = None) -> torch.Tensor:
         """The critic's per-token values ``[N, T]`` of the response tokens, without gradients (a

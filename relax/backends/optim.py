@@ -25,8 +25,9 @@ from collections.abc import Iterable
 import attrs
 import torch
 
-from relax.config.run import LR_DECAY_STYLES as DECAY_STYLES
-from relax.config.run import RunConfig, total_optimizer_steps
+from relax.config.run import RunConfig
+from relax.config.run_flags import LR_DECAY_STYLES as DECAY_STYLES
+from relax.config.steps import total_optimizer_steps
 
 # -- weight decay ----------------------------------------------------------------------------------
 

@@ -23,7 +23,8 @@ import torch
 from torch import nn
 
 from relax.backends import optim, sharding
-from relax.backends.torch_backend import TorchBackend, _slices, _to_device, check_state
+from relax.backends.torch_backend import TorchBackend, _slices, _to_device
+from relax.backends.torch_state import check_state
 from relax.models import packing
 from relax.models.batch import TokenBatch, TokenLogProbs
 
@@ -42,7 +43,7 @@ class ShardedTorchBackend(TorchBackend):
 
     # -- passes in lock-step ----------------------------------------------------------------------
 
-    def _micro_batches(self, batch: TokenBatch, micro_batch_size: int | None, *, with_entropy: bool):
+    def _micro_batches(self, batch: TokenBatch, micro_batch_size: int | None, *, with_entropy: bool, **outputs):
         packed = bool(self.max_tokens_per_micro_batch)
         if len(batch) == 0:
             passes = []
@@ -56,9 +57,9 @@ class ShardedTorchBackend(TorchBackend):
         idle = sharding.agreed_passes(len(passes), self.process_group, self.device) - len(passes)
         for rows in passes:
             if packed:
-                yield rows, self._forward_packed(batch, rows, with_entropy=with_entropy)
+                yield rows, self._forward_packed(batch, rows, with_entropy=with_entropy, **outputs)
             else:
-                yield rows, self._forward(batch.select(rows), with_entropy=with_entropy)
+                yield rows, self._forward(batch.select(rows), with_entropy=with_entropy, **outputs)
         for _ in range(idle):
             self._idle_pass()
 
@@ -92,7 +93,7 @@ class ShardedTorchBackend(TorchBackend):
 
     def frozen_log_probs(self, model: nn.Module, batch: TokenBatch, *, micro_batch_size: int | None) -> torch.Tensor:
         """``[N, T]`` log-probs of a ``shard_frozen`` model, in this backend's micro-batches and lock-step:
-        the passes of ``relax.runtime.reference_pass`` (same grouping, float32, no autocast)."""
+        the passes of ``relax.runtime.step.reference_pass`` (same grouping, float32, no autocast)."""
         policy, bf16 = self.model, self.bf16
         self.model, self.bf16 = model, False
         try:

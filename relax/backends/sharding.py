@@ -32,8 +32,17 @@ import torch.distributed as dist
 from torch import nn
 
 from relax.config.run import RunConfig
+from relax.importing import load_attribute
 
 FSDP = "fsdp"
+# --sharding mode -> the backend class that trains with it, by name like the backend registry: the class
+# derives from TorchBackend, whose for_policy picks it, so an import here would close a circle.
+SHARDED_BACKENDS = {FSDP: "relax.backends.sharded_backend:ShardedTorchBackend"}
+
+
+def sharded_backend_class(mode: str):
+    """The ``TorchBackend`` subclass that trains with ``--sharding mode`` (not ``none``)."""
+    return load_attribute(SHARDED_BACKENDS[mode], "--sharding")
 
 
 def decoder_layers(model: nn.Module) -> nn.ModuleList | None:

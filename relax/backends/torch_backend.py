@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import importlib.util
 import math
 from collections.abc import Mapping
 
@@ -35,6 +34,8 @@ from torch import nn
 
 from relax.backends import optim, token_budget
 from relax.backends.base import LossFn, TrainingBackend
+from relax.backends.torch_setup import backend_options, enable_recompute, lora_config_errors
+from relax.backends.torch_state import check_state, cpu_copy
 from relax.config.run import RunConfig
 from relax.models import packing
 from relax.models.batch import (
@@ -48,47 +49,6 @@ from relax.models.batch import (
 from relax.models.packed_forward import packed_attention, packed_log_probs
 from relax.models.sampled_distribution import Truncation
 from relax.models.value import response_values
-
-_LORA_DEFAULTS = {"lora_alpha": ("--lora-alpha", 16.0), "lora_dropout": ("--lora-dropout", 0.0),
-                  "lora_target_modules": ("--lora-target-modules", ("all-linear",))}
-
-
-def lora_config_errors(config: RunConfig) -> list[str]:
-    """``--lora-*`` checks: the adapter flags need ``--lora-rank``, which needs ``--hf-checkpoint`` and peft."""
-    if not config.lora_rank:
-        return [f"{name} has no effect without --lora-rank" for field, (name, default) in _LORA_DEFAULTS.items()
-                if getattr(config, field) != default]
-    errors = []
-    if not config.hf_checkpoint:
-        errors.append("--lora-rank adapts a Hugging Face model: give --hf-checkpoint (the built-in model trains whole)")
-    if importlib.util.find_spec("peft") is None:
-        errors.append("--lora-rank needs the 'peft' package, which is not installed: pip install 'relax-rl[lora]'")
-    return errors
-
-
-def check_state(state: Mapping) -> None:
-    """``TorchBackend.state_dict``'s keys are all there (a checkpoint written by it, replicated or sharded)."""
-    missing = {"model", "optimizer", "step"} - set(state)
-    if missing:
-        raise KeyError(f"TorchBackend state is missing {sorted(missing)}; was it saved by TorchBackend.state_dict()?")
-
-
-def enable_recompute(model: nn.Module) -> None:
-    """``--recompute-activations``: checkpoint every transformer block of ``model`` (the built-in
-    ``TinyCausalLM``, a transformers ``*ForCausalLM``, or a ``ValueModel`` on either)."""
-    target = getattr(model, "trunk", model)  # a ValueModel recomputes its trunk
-    if hasattr(target, "activation_checkpointing_enable"):  # transformers >= 5.x's name
-        target.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-    elif hasattr(target, "gradient_checkpointing_enable"):  # TinyCausalLM, older transformers
-        target.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    else:
-        raise TypeError(f"--recompute-activations: {type(target).__name__} has no gradient_checkpointing_enable()")
-
-
-def _options(config: RunConfig, schedule: optim.LRSchedule) -> dict:
-    """The constructor's optimizer / precision options from a ``RunConfig``."""
-    return dict(lr=schedule.peak, schedule=schedule, weight_decay=config.weight_decay, bf16=config.bf16,
-                **optim.adam_kwargs(config))
 
 
 class TorchBackend(TrainingBackend):
@@ -113,6 +73,7 @@ class TorchBackend(TrainingBackend):
     supports_critic = True
     sharding_modes = ("none", "fsdp")  # --sharding fsdp: relax.backends.sharded_backend
     packs_micro_batches = True
+    gives_distributions = True
 
     @classmethod
     def config_errors(cls, config: RunConfig) -> list[str]:
@@ -140,20 +101,20 @@ class TorchBackend(TrainingBackend):
             model = wrap_with_lora(model, rank=config.lora_rank, alpha=config.lora_alpha,
                                    dropout=config.lora_dropout, target_modules=config.lora_target_modules)
         if config.sharding != "none" and process_group is not None:  # --sharding fsdp (relax.backends.sharding)
-            from relax.backends.sharded_backend import ShardedTorchBackend
+            from relax.backends.sharding import sharded_backend_class
 
-            cls = ShardedTorchBackend
+            cls = sharded_backend_class(config.sharding)
         return cls(model, clip_grad=config.clip_grad, temperature=config.rollout_temperature,
                    truncation=Truncation.of_run(config), process_group=process_group,
                    forward_logits=forward_logits_fn(config),
-                   max_tokens_per_micro_batch=config.max_tokens_per_micro_batch, **_options(config, optim.lr_schedule(config)))
+                   max_tokens_per_micro_batch=config.max_tokens_per_micro_batch, **backend_options(config, optim.lr_schedule(config)))
 
     @classmethod
     def for_critic(cls, config, model: nn.Module, *, process_group=None) -> TorchBackend:
         if config.recompute_activations:
             enable_recompute(model)
         return cls(model, clip_grad=config.clip_grad, process_group=process_group, value_head=True,
-                   **_options(config, optim.lr_schedule(config, peak=config.critic_lr)))
+                   **backend_options(config, optim.lr_schedule(config, peak=config.critic_lr)))
 
     def __init__(
         self,
@@ -213,7 +174,8 @@ class TorchBackend(TrainingBackend):
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    def _forward(self, batch: TokenBatch, *, with_entropy: bool) -> TokenLogProbs | TokenValues:
+    def _forward(self, batch: TokenBatch, *, with_entropy: bool,
+                 with_distribution: bool = False) -> TokenLogProbs | TokenValues:
         batch = _to_device(batch, self.device)
         with self._autocast():
             if self.value_head:
@@ -221,27 +183,30 @@ class TorchBackend(TrainingBackend):
             logits = self.forward_logits(self.model, batch.input_ids, batch.attention_mask, batch.position_ids)
         # float32 log-softmax (outside autocast) whatever the compute precision
         return response_log_probs(logits, batch, with_entropy=with_entropy, temperature=self.temperature,
-                                  truncation=self.truncation)
+                                  truncation=self.truncation, with_distribution=with_distribution)
 
-    def _forward_packed(self, batch: TokenBatch, rows: torch.Tensor, *, with_entropy: bool) -> TokenLogProbs:
+    def _forward_packed(self, batch: TokenBatch, rows: torch.Tensor, *, with_entropy: bool,
+                        with_distribution: bool = False) -> TokenLogProbs:
         """``_forward`` of ``batch``'s ``rows`` as one padding-free packed row (``batch`` on the device)."""
         return packed_log_probs(self.model, batch, rows, with_entropy=with_entropy, temperature=self.temperature,
-                                autocast=self._autocast, truncation=self.truncation)
+                                autocast=self._autocast, truncation=self.truncation,
+                                with_distribution=with_distribution)
 
-    def _micro_batches(self, batch: TokenBatch, micro_batch_size: int | None, *, with_entropy: bool):
+    def _micro_batches(self, batch: TokenBatch, micro_batch_size: int | None, *, with_entropy: bool, **outputs):
         """``(rows, TokenLogProbs)`` per micro-batch, each forward run when its item is reached (so a
         caller's backward frees its activations before the next one). ``rows``: a slice of
-        ``micro_batch_size`` rows, or with the token budget the index tensor of one packed group."""
+        ``micro_batch_size`` rows, or with the token budget the index tensor of one packed group.
+        ``outputs``: more of the forward's keywords (``with_distribution``)."""
         if not self.max_tokens_per_micro_batch or len(batch) == 0:
             for rows in _slices(len(batch), micro_batch_size):
-                yield rows, self._forward(batch.select(rows), with_entropy=with_entropy)
+                yield rows, self._forward(batch.select(rows), with_entropy=with_entropy, **outputs)
             return
         batch = _to_device(batch, self.device)
         plan = packing.plan_micro_batches(packing.sample_lengths(batch), self.max_tokens_per_micro_batch)
         self.last_pack_plan = plan
         for group in plan.groups:
             rows = torch.tensor(group, dtype=torch.long, device=self.device)
-            yield rows, self._forward_packed(batch, rows, with_entropy=with_entropy)
+            yield rows, self._forward_packed(batch, rows, with_entropy=with_entropy, **outputs)
 
     def _autocast(self):
         """``--bf16``: the forward (and so the backward) computes in bfloat16 while the parameters,
@@ -280,7 +245,8 @@ class TorchBackend(TrainingBackend):
         return torch.cat(parts)
 
     def train_step(
-        self, batch: TokenBatch, loss_fn: LossFn, *, micro_batch_size: int | None = None, with_entropy: bool = True
+        self, batch: TokenBatch, loss_fn: LossFn, *, micro_batch_size: int | None = None, with_entropy: bool = True,
+        with_distribution: bool = False,
     ) -> dict[str, float]:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=False)
@@ -288,7 +254,8 @@ class TorchBackend(TrainingBackend):
         total_loss, sums = 0.0, {}
         # packed: the backward passes attend like the forward ones (recomputed activations)
         with packed_attention(self.model) if self.max_tokens_per_micro_batch else contextlib.nullcontext():
-            for rows, token_log_probs in self._micro_batches(batch, micro_batch_size, with_entropy=with_entropy):
+            for rows, token_log_probs in self._micro_batches(batch, micro_batch_size, with_entropy=with_entropy,
+                                                             with_distribution=with_distribution):
                 out = loss_fn(token_log_probs, rows)
                 out.loss.backward()
                 total_loss += float(out.loss.detach())
@@ -346,7 +313,7 @@ class TorchBackend(TrainingBackend):
         puts it back on the model's device."""
         return {
             "model": self.export_weights(),
-            "optimizer": _cpu_copy(self.optimizer.state_dict()),
+            "optimizer": cpu_copy(self.optimizer.state_dict()),
             "optimizer_param_names": optim.param_names(self.model, self.optimizer),
             "step": self.step,
         }
@@ -375,17 +342,6 @@ class TorchBackend(TrainingBackend):
 
             return adapter_payload(self.model)
         return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
-
-
-def _cpu_copy(state):
-    """A deep copy of an optimizer ``state_dict`` with every tensor copied to the CPU."""
-    if isinstance(state, torch.Tensor):
-        return state.detach().to("cpu", copy=True)
-    if isinstance(state, Mapping):
-        return {k: _cpu_copy(v) for k, v in state.items()}
-    if isinstance(state, (list, tuple)):
-        return type(state)(_cpu_copy(v) for v in state)
-    return copy.deepcopy(state)
 
 
 def _slices(n: int, micro_batch_size: int | None) -> list[slice]:

@@ -1,4 +1,4 @@
-"""The ``relax`` command line: ``relax train`` and ``relax algorithms``.
+"""The ``relax`` command line: ``relax train``, ``relax sft``, ``relax algorithms``, ``relax plot`` and ``relax cluster``.
 
 Parsing and validation never import ray; ``relax train`` imports the runtime only after the
 configuration has been accepted.

@@ -32,6 +32,7 @@ COLUMN_LABELS = {
     "requires_global_token_loss": "token-loss",
     "requires_on_policy_updates": "on-policy",
     "kl_level": "kl-level",
+    "needs_teacher": "teacher",
 }
 
 

@@ -68,6 +68,7 @@ GROUPS = (
     ("outputs", None),
     ("logging", "Trackers, the --no-progress summary line and sample completions (docs/en/tracking.md)."),
     ("evaluation", "Held-out evaluation on the current weights, with the rollout engines (docs/en/evaluation.md)."),
+    ("teacher", "The frozen teacher of a method that distills one (docs/en/distillation.md)."),
     (CONFIG_FILE_GROUP, None),
 )
 # A group a method's own fields name that GROUPS does not (e.g. GDPO's variants) comes after these.

@@ -22,7 +22,7 @@ from relax.config.fields import flag_default, flag_name
 from relax.config.output_dir import default_run_name, output_dir_of
 from relax.config.run import RunConfig
 from relax.rollout.rewards import SCALAR_REWARD_KEY, load_function, load_reward_function
-from relax.runtime.validation import ConfigError, describe
+from relax.runtime.checks.validation import ConfigError, describe
 
 RUN_FIELDS = {name: f for name, f in attrs.fields_dict(RunConfig).items() if name != "algorithm"}
 

@@ -1,4 +1,4 @@
-"""``relax cluster up|down|status``: the kept cluster of the warm path (relax.runtime.kept_cluster)."""
+"""``relax cluster up|down|status``: the kept cluster of the warm path (relax.runtime.cluster.kept_cluster)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 
 
 def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
-    from relax.runtime.kept_cluster import DEFAULT_DIR, DEFAULT_PORT
+    from relax.runtime.cluster.kept_cluster import DEFAULT_DIR, DEFAULT_PORT
 
     parser.add_argument("action", choices=("up", "down", "status"),
                         help="up: start it (Ray, Serve, TransferQueue, pre-started workers); down: stop it; "
@@ -26,7 +26,7 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_cluster(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from relax.runtime import kept_cluster
+    from relax.runtime.cluster import kept_cluster
 
     if args.spare_workers < 0:
         parser.error(f"--spare-workers must be >= 0, got {args.spare_workers}")

@@ -9,7 +9,7 @@ Values go through the same type checks as on the command line; flags on the comm
 the file (the file's values become the parser's defaults), and the merged result is validated like
 any other configuration. The effective configuration is written to ``<output_dir>/config.yaml`` in
 dest names, so it can be passed back with ``--config`` to repeat a run (with a new ``--output-dir``:
-the run's own directory is refused, see ``relax.runtime.run_dir``; ``overwrite_output_dir`` is always
+the run's own directory is refused, see ``relax.runtime.files.run_dir``; ``overwrite_output_dir`` is always
 written as false).
 """
 

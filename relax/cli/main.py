@@ -1,10 +1,10 @@
-"""``relax`` entry point: ``relax train``, ``relax algorithms`` and ``relax plot``.
+"""``relax`` entry point: ``relax train``, ``relax sft``, ``relax algorithms``, ``relax plot`` and ``relax cluster``.
 
 A rejected configuration exits with status 2 and the message on stderr (the argparse convention),
 before any process starts: validation (``validation.py``), then pre-flight (``preflight.py``: data,
 tokenizer, model directory, reward function, output directory, checkpoint), both also in
 ``--dry-run``. ray is imported only once ``relax train`` hands an accepted configuration to
-``relax.runtime.train.run``. A failure at run time exits with status 1 and one ``relax train: error:``
+``relax.runtime.driver.train.run``. A failure at run time exits with status 1 and one ``relax train: error:``
 line; Ctrl-C exits with 130, SIGTERM with 143 and SIGHUP (a closed terminal) with 129, all after the
 same clean shutdown that saves the last trained step, whatever became of stdout and stderr.
 ``relax train --load RUN_DIR`` resumes with the run's own ``config.yaml`` as the base; flags given
@@ -35,10 +35,11 @@ from relax.cli.config_file import (
 )
 from relax.cli.plot import add_plot_arguments, run_plot, write_run_plot
 from relax.cli.preflight import PreflightError, preflight
+from relax.cli.sft_cmd import run_sft_command, sft_parser
 from relax.cli.suggest import closest
 from relax.config.run import RunConfig
-from relax.runtime.environment import apply_environment_defaults
-from relax.runtime.validation import ConfigError, resolve_batch_shape, validate
+from relax.runtime.checks.validation import ConfigError, resolve_batch_shape, validate
+from relax.runtime.data.environment import apply_environment_defaults
 
 TRAIN_DESCRIPTION = """\
 Train a policy with an RL method. Everything is checked before any process starts; a rejected
@@ -99,7 +100,8 @@ def build_parser(algorithm=None) -> tuple[argparse.ArgumentParser, dict[str, arg
                     "stay up between runs, which join it with --ray-address.",
     )
     add_cluster_arguments(cluster)
-    return parser, {"train": train, "algorithms": algorithms, "plot": plot, "cluster": cluster}
+    sft = sft_parser(commands)
+    return parser, {"train": train, "algorithms": algorithms, "plot": plot, "cluster": cluster, "sft": sft}
 
 
 def unrecognized_message(extras: list[str], subparser: argparse.ArgumentParser) -> str:
@@ -129,8 +131,11 @@ def parse_command_line(argv: list[str], parser, subparsers) -> argparse.Namespac
 def resumed_run_config(load: str | None) -> Path | None:
     """``--load`` without ``--config`` resumes with the settings the run was started with: the
     ``config.yaml`` of the run directory the checkpoint belongs to (None when there is none)."""
-    from relax.runtime.run_dir import run_of_checkpoint
+    from relax.models.initial_weights import sft_checkpoint
+    from relax.runtime.files.run_dir import run_of_checkpoint
 
+    if sft_checkpoint(load) is not None:  # a `relax sft` checkpoint: a new run starts from its weights
+        return None
     run = run_of_checkpoint(load) if load else None
     path = run / EFFECTIVE_CONFIG_NAME if run is not None else None
     return path if path is not None and path.is_file() else None
@@ -194,13 +199,13 @@ def run_train(config: RunConfig):
     here: it imports ray). The lock is taken first, so a second run on the same directory is refused
     before it touches the first one's files."""
     from relax.config.output_dir import output_dir_of
-    from relax.runtime.run_dir import lock_run_dir
+    from relax.runtime.files.run_dir import lock_run_dir
 
     lock = lock_run_dir(output_dir_of(config), resuming=config.load or False, overwrite=config.overwrite_output_dir)
     try:
         path = write_effective_config(config)
         print(f"relax train: effective configuration written to {path}", file=sys.stderr)
-        from relax.runtime.train import run
+        from relax.runtime.driver.train import run
 
         try:
             return run(config)
@@ -236,9 +241,9 @@ def _handle_termination() -> dict:
 
 def _run_error_message(exc: BaseException) -> str | None:
     """One line for a failure relax knows how to describe, else None (the traceback is shown)."""
-    from relax.runtime.checkpoints import CheckpointError
-    from relax.runtime.run_errors import RunFailed
-    from relax.runtime.waits import WorkerDied
+    from relax.runtime.files.checkpoint_files import CheckpointError
+    from relax.runtime.files.run_errors import RunFailed
+    from relax.runtime.session.waits import WorkerDied
 
     if isinstance(exc, WorkerDied):
         cause = getattr(exc.__cause__, "cause", None)  # a RayTaskError's original exception
@@ -281,12 +286,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.dry_run:
             print(yaml.safe_dump(config_to_dict(config), sort_keys=False), end="")
             return 0
-        from relax.runtime.console import guarded_output
-        from relax.runtime.run_dir import RunDirError
+        from relax.runtime.files.console import guarded_output
+        from relax.runtime.files.run_dir import RunDirError
 
         previous = _handle_termination()
         # A reader that is gone (`| tee` hit by the same Ctrl-C, a closed terminal) must not stop the
-        # save: output to it is dropped from then on (relax.runtime.console).
+        # save: output to it is dropped from then on (relax.runtime.files.console).
         with guarded_output():
             try:
                 run_train(config)
@@ -301,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
                 return 130
             except Exception as exc:
                 message = _run_error_message(exc)
-                details = getattr(exc, "relax_details", None)  # the user's frames (relax.runtime.user_errors)
+                details = getattr(exc, "relax_details", None)  # the user's frames (relax.runtime.files.user_errors)
                 if message is None and not details:
                     raise  # not the user's code and not a failure relax describes: show the traceback
                 for line in details or ():
@@ -320,6 +325,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_algorithms(args, subparsers["algorithms"])
     if args.command == "cluster":
         return run_cluster(args, subparsers["cluster"])
+    if args.command == "sft":
+        return run_sft_command(args, subparsers["sft"])
     parser.error(f"unknown command {args.command!r}")  # unreachable: argparse checks choices
 
 

@@ -32,9 +32,9 @@ class PlotError(Exception):
 
 
 def read_rows(run_dir: Path) -> list[dict]:
-    """The rows of ``RUN_DIR/metrics.jsonl`` (``relax.runtime.metrics.read_metrics``: a partial last
+    """The rows of ``RUN_DIR/metrics.jsonl`` (``relax.runtime.files.metrics_log.read_metrics``: a partial last
     line is dropped with a warning on stderr; another damaged line is a ``PlotError`` naming it)."""
-    from relax.runtime.metrics import MetricsFileError, read_metrics
+    from relax.runtime.files.metrics_log import MetricsFileError, read_metrics
 
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():

@@ -1,19 +1,16 @@
-"""``RunConfig``: everything ``relax train`` needs besides the algorithm hyper-parameters.
-
-Field names equal the command-line flags (``--rollout-batch-size`` -> ``rollout_batch_size``), and
-each field declares its flag and rule in ``metadata=flag(...)`` (``relax.config.fields``), from which
-the ``relax train`` parser is generated. The CLI builds and validates a ``RunConfig``; the runtime only
-reads it. It is plain data (attrs, frozen) so it pickles to every Ray process.
-
-A ``RunConfig`` is not checked when it is built: ``relax.runtime.validation`` applies the fields'
-rules (with the cross-field ones) and reports every problem at once, naming the flags, for
-``relax train`` and ``run(config)`` alike. The lower layers take it as ``config: RunConfig``.
+"""``RunConfig``: everything ``relax train`` needs besides the algorithm hyper-parameters, as plain data
+(attrs, frozen: it pickles to every Ray process; the runtime only reads it). Each field is named after
+its flag (``--rollout-batch-size`` -> ``rollout_batch_size``) and declares it with its rule in
+``metadata=flag(...)`` (``relax.config.fields``): the parser is generated from them, and
+``relax.runtime.checks.validation`` applies the rules (and the cross-field ones) for ``relax train`` and
+``run()``, reporting every problem at once.
 """
 
 from __future__ import annotations
 
 import attrs
 
+from relax.config import steps
 from relax.config.algorithm import AlgorithmConfig
 from relax.config.fields import (
     FINITE,
@@ -28,13 +25,7 @@ from relax.config.fields import (
     Text,
     flag,
 )
-
-LR_DECAY_STYLES = ("constant", "linear", "cosine")  # relax.backends.optim implements each
-SHARDING_MODES = ("none", "fsdp")  # relax.backends.sharding implements fsdp
-
-
-def _hook_flag(help: str) -> dict:
-    return flag(help, group="rewards", metavar="MODULE:FUNCTION")
+from relax.config.run_flags import LR_DECAY_STYLES, SHARDING_MODES, WEIGHT_TRANSPORTS, hook_flag
 
 
 @attrs.frozen(kw_only=True)
@@ -152,7 +143,7 @@ class RunConfig:
     max_prompt_len: int | None = attrs.field(default=None, metadata=flag(
         "drop prompts longer than this many tokens", group="model and data", check=POSITIVE_INT))
     # -- hooks --
-    custom_rm_path: str | None = attrs.field(default=None, metadata=_hook_flag(
+    custom_rm_path: str | None = attrs.field(default=None, metadata=hook_flag(
         "your reward function fn(prompt, completion, label, metadata) -> number or {key: number} "
         "(sync or async)"))
     reward_timeout: float | None = attrs.field(default=None, metadata=flag(
@@ -162,13 +153,13 @@ class RunConfig:
         "reward calls of a plain (not async) --custom-rm-path function that run at once, in threads "
         "(async functions are always gathered); results stay in sample order", group="rewards",
         check=POSITIVE_INT))
-    custom_reward_post_process_path: str | None = attrs.field(default=None, metadata=_hook_flag(
+    custom_reward_post_process_path: str | None = attrs.field(default=None, metadata=hook_flag(
         "post_process(rewards, group_ids, samples) -> float32 [N]: replaces the algorithm's reward "
         "normalization in the rollout worker (rejected where the method forbids it; docs/en/hooks.md)"))
-    dynamic_sampling_filter_path: str | None = attrs.field(default=None, metadata=_hook_flag(
+    dynamic_sampling_filter_path: str | None = attrs.field(default=None, metadata=hook_flag(
         "keep_filter(rewards, group_ids, samples, keep) -> bool [N]: which prompt groups the rollout "
         "keeps, given the algorithm's own verdict keep (whole groups; docs/en/hooks.md)"))
-    # -- reward services: a reward model and a judge on Ray Serve (relax.runtime.reward_services) --
+    # -- reward services: a reward model and a judge on Ray Serve (relax.runtime.cluster.reward_services) --
     reward_model_path: str | None = attrs.field(default=None, metadata=flag(
         "a Hugging Face sequence-classification model (one logit) that scores prompt + completion, served "
         "on Ray Serve with dynamic batching and shared by every rollout worker; its score is the reward "
@@ -227,7 +218,7 @@ class RunConfig:
         "fail the run when one environment reset or step takes longer than this many seconds, naming the "
         "environment, episode and turn (default: no limit)", group="multi-turn", check=POSITIVE,
         metavar="SECONDS"))
-    # -- dynamic sampling (relax.runtime.rollout_worker) --
+    # -- dynamic sampling (relax.runtime.step.rollout_worker) --
     over_sampling_batch_size: int | None = attrs.field(default=None, metadata=flag(
         "prompts drawn per sampling round (default: --rollout-batch-size); with --max-sampling-rounds > 1 "
         "the rollout draws rounds until it has --rollout-batch-size prompt groups with signal",
@@ -317,11 +308,12 @@ class RunConfig:
         "checkpoints/step_* directories beyond N are deleted (default: keep all)", group="outputs",
         check=POSITIVE_INT, metavar="N"))
     load: str | None = attrs.field(default=None, metadata=flag(
-        "resume from this checkpoint directory", group="outputs", metavar="DIR"))
+        "resume from this checkpoint directory; a `relax sft` checkpoint of the built-in model starts a new "
+        "run from its weights instead", group="outputs", metavar="DIR"))
     progress: bool = attrs.field(default=True, metadata=flag(
         "no progress bar (prints a summary line every --log-interval steps instead)", group="outputs",
         names=("--no-progress",)))
-    # -- logging (relax.runtime.trackers; docs/en/tracking.md) --
+    # -- logging (relax.runtime.files.trackers; docs/en/tracking.md) --
     log_interval: int = attrs.field(default=10, metadata=flag(
         "with --no-progress: print one summary line every this many steps", group="logging",
         check=POSITIVE_INT, metavar="N"))
@@ -342,7 +334,7 @@ class RunConfig:
         "every step, append this many samples (prompt, completion, label, reward components, "
         "normalized reward, policy version) to completions.jsonl and to the trackers as a table",
         group="logging", check=NON_NEGATIVE_INT, metavar="N"))
-    # -- evaluation (relax.runtime.evaluation; docs/en/evaluation.md) --
+    # -- evaluation (relax.runtime.driver.evaluation; docs/en/evaluation.md) --
     evaluate: bool = attrs.field(default=True, metadata=flag(
         "no evaluation at all (not even the built-in task's held-out problems before and after training)",
         group="evaluation", names=("--no-eval",)))
@@ -391,30 +383,16 @@ class RunConfig:
         "fail the run when one call of --dynamic-sampling-filter-path or --custom-reward-post-process-path "
         "takes longer than this many seconds, naming the hook and the step (0: no limit)", group="rewards",
         check=Range(ge=0), metavar="SECONDS"))
+    # -- distillation: the teacher role (relax.models.teacher; docs/en/distillation.md) --
+    teacher_checkpoint: str | None = attrs.field(default=None, metadata=flag(
+        "the frozen teacher of a method that needs one (e.g. on-policy-distill): a Hugging Face model "
+        "directory, a relax run checkpoint (state.pt, a checkpoints/step_* or run directory), or with the "
+        "built-in tiny model a tiny checkpoint file; its tokenizer must be the student's", group="teacher",
+        metavar="DIR"))
+    weight_transport: str = attrs.field(default="object-store", metadata=flag(  # docs/en/weight-transport.md
+        "how actor rank 0 sends each policy version to the rollout workers: object-store (a buffer in Ray's "
+        "object store) or collective (a torch.distributed broadcast: gloo, or NCCL when every end has a GPU)",
+        group="placement and backends", check=OneOf(WEIGHT_TRANSPORTS)))
 
-    def total_optimizer_steps(self) -> int:
-        """``total_optimizer_steps(self)`` (what the learning-rate schedule decays over)."""
-        return total_optimizer_steps(self)
-
-    @property
-    def staleness_bound(self) -> int:
-        """K: how many policy versions a rollout may run ahead of training (0: synchronous)."""
-        if not self.fully_async:
-            return 0
-        return 1 if self.max_staleness is None else self.max_staleness
-
-
-def num_minibatches(config: RunConfig) -> int:
-    """Optimizer steps per rollout (the CLI fills ``num_steps_per_rollout``; derived otherwise)."""
-    if config.num_steps_per_rollout:
-        return int(config.num_steps_per_rollout)
-    if config.global_batch_size:
-        total = config.rollout_batch_size * config.algorithm.n_samples_per_prompt
-        return max(1, total // config.global_batch_size)
-    return 1
-
-
-def total_optimizer_steps(config: RunConfig) -> int:
-    """Optimizer steps of the whole run: ``--num-rollout`` x optimizer steps per rollout (what the
-    learning-rate schedule decays over; a rollout whose groups were all dropped takes fewer)."""
-    return config.num_rollout * num_minibatches(config)
+    total_optimizer_steps = steps.total_optimizer_steps  # derived from the fields: relax.config.steps
+    staleness_bound = property(steps.staleness_bound)

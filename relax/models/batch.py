@@ -89,6 +89,16 @@ class TokenBatch:
         )
 
 
+def masked_row() -> TokenBatch:
+    """One fully masked dummy row (``.select(slice(0, 0))``: no rows). A rank that holds nothing of a
+    mini-batch still runs a forward (and backward: zero loss, zero gradient) on it, so that it joins
+    the collectives of the ranks that do. Built on the CPU like every batch a worker receives: the
+    backend moves it to the model's device with the rest (``TorchBackend._to_device``)."""
+    one = torch.zeros((1, 1), dtype=torch.long)
+    return TokenBatch(prompt_ids=one, prompt_mask=torch.ones((1, 1), dtype=torch.bool), response_ids=one,
+                      response_mask=torch.zeros((1, 1), dtype=torch.bool))
+
+
 def _apply(mask: torch.Tensor | None, fn) -> torch.Tensor | None:
     return None if mask is None else fn(mask)
 
@@ -102,6 +112,10 @@ class TokenValues:
 class TokenLogProbs:
     log_probs: torch.Tensor  # [N, T] float32, zero where response_mask is false
     entropy: torch.Tensor | None = None  # [N, T] float32 or None
+    # [N, T, V] float32: the whole distribution at each response position (the log-softmax the sampled
+    # token's log-prob is read from; zero outside the mask), only when asked (``with_distribution``):
+    # a distillation loss over the vocabulary (GKD) reads it: one micro-batch's [n, T, V] at a time.
+    all_log_probs: torch.Tensor | None = None
 
 
 ForwardLogits = Callable[[nn.Module, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -127,11 +141,11 @@ def default_forward_logits(
 
 def response_log_probs(
     logits: torch.Tensor, batch: TokenBatch, *, with_entropy: bool, temperature: float = 1.0,
-    truncation: Truncation | None = None,
+    truncation: Truncation | None = None, with_distribution: bool = False,
 ) -> TokenLogProbs:
     """Log-probs (and entropy) ``[N, T]`` of ``batch.response_ids`` from full-sequence ``logits``, of
     the distribution the rollout sampled from (``relax.models.sampled_distribution``: ``truncation``
-    None = the whole vocabulary)."""
+    None = the whole vocabulary); with ``with_distribution`` that whole distribution ``[N, T, V]`` too."""
     p, t = batch.prompt_width, batch.response_ids.shape[1]
     scores = logits[:, p - 1 : p + t - 1].float()
     if temperature != 1.0:
@@ -142,4 +156,5 @@ def response_log_probs(
     entropy = None
     if with_entropy:
         entropy = entropy_of(log_probs_all) * mask
-    return TokenLogProbs(log_probs=log_probs, entropy=entropy)
+    distribution = log_probs_all * mask.unsqueeze(-1) if with_distribution else None
+    return TokenLogProbs(log_probs=log_probs, entropy=entropy, all_log_probs=distribution)

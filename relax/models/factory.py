@@ -50,10 +50,13 @@ def build_reference_model(config: RunConfig, *, device=None, dtype=torch.float32
 
 
 def _task_checkpoint(config: RunConfig):
-    """The built-in ``--task``'s own tiny checkpoint (``calculator``), else None: the shipped warm-up."""
+    """The built-in model's starting weights: those of a ``relax sft`` checkpoint that ``--load``
+    names (``relax.models.initial_weights``), else the ``--task``'s own tiny checkpoint
+    (``calculator``), else None: the shipped warm-up."""
+    from relax.models.initial_weights import sft_tiny_model
     from relax.models.tiny.calculator import TASK_CHECKPOINTS
 
-    return TASK_CHECKPOINTS.get(getattr(config, "task", None))
+    return sft_tiny_model(getattr(config, "load", None)) or TASK_CHECKPOINTS.get(getattr(config, "task", None))
 
 
 def forward_logits_fn(config: RunConfig) -> ForwardLogits:

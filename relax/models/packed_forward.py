@@ -10,10 +10,11 @@ every prompt and padding column.
   ``AttentionInterface``. It runs ``sdpa`` causally on each sample's slice of the queries, keys and
   values (``split``, whose backward is one concatenation), so the cost is the sum of the samples' squared lengths (a dense block-diagonal mask over the
   row would cost the square of the whole row), and no ``[L, L]`` mask is ever built (an implementation
-  unknown to transformers' mask registry gets ``attention_mask=None``). Rotary embeddings come from
-  the per-sample ``position_ids`` that restart at 0, and ``logits_to_keep`` (a 1-D index tensor)
-  keeps the head's rows to the scored positions. Models with sliding-window layers are refused
-  (the per-sample causal attention would ignore the window).
+  unknown to transformers' mask registry gets ``attention_mask=None``). On CUDA in half precision one
+  fused variable-length call per layer does the same (``relax.models.varlen_attention``). Rotary
+  embeddings come from the per-sample ``position_ids`` that restart at 0, and ``logits_to_keep`` (a
+  1-D index tensor) keeps the head's rows to the scored positions. Models with sliding-window layers
+  are refused (the per-sample causal attention would ignore the window).
 """
 
 from __future__ import annotations
@@ -24,12 +25,14 @@ import itertools
 import torch
 from torch import nn
 
+from relax.models import varlen_attention
 from relax.models.batch import TokenBatch, TokenLogProbs
 from relax.models.packing import PackedRows, response_log_probs_packed
 from relax.models.sampled_distribution import Truncation
 
 PACKED_ATTENTION = "relax_packed"
 _BOUNDS_KWARG = "relax_sample_bounds"
+_CU_SEQLENS_KWARG = "relax_cu_seqlens"  # the bounds as an int32 tensor on the row's device, made once per forward
 
 
 def packed_logits(model: nn.Module, packed: PackedRows) -> torch.Tensor:
@@ -45,22 +48,24 @@ def packed_logits(model: nn.Module, packed: PackedRows) -> torch.Tensor:
     bounds = tuple(int(x) for x in packed.cu_seqlens.tolist())
     with packed_attention(model):
         out = model(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False,
-                    logits_to_keep=packed.score_at, **{_BOUNDS_KWARG: bounds})
+                    logits_to_keep=packed.score_at,
+                    **{_BOUNDS_KWARG: bounds, _CU_SEQLENS_KWARG: packed.cu_seqlens.to(torch.int32)})
     return out.logits.reshape(-1, out.logits.shape[-1])
 
 
 def packed_log_probs(model: nn.Module, batch: TokenBatch, rows: torch.Tensor, *, with_entropy: bool,
                      temperature: float = 1.0, autocast=contextlib.nullcontext,
-                     truncation: Truncation | None = None) -> TokenLogProbs:
+                     truncation: Truncation | None = None, with_distribution: bool = False) -> TokenLogProbs:
     """``[n, T]`` log-probs (and entropy) of ``batch``'s ``rows`` run as one padding-free packed row
     (``batch`` on the model's device). ``autocast``: a context for the forward only (``--bf16``); the
     log-softmax stays float32. ``truncation``: the sampling's kept set (``relax.models.sampled_distribution``)."""
     packed = PackedRows.build(batch, rows)
     with autocast():
         logits = packed_logits(model, packed)
-    log_probs, entropy = response_log_probs_packed(logits, packed, with_entropy=with_entropy, temperature=temperature,
-                                                   truncation=truncation)
-    return TokenLogProbs(log_probs=log_probs, entropy=entropy)
+    log_probs, entropy, distribution = response_log_probs_packed(
+        logits, packed, with_entropy=with_entropy, temperature=temperature, truncation=truncation,
+        with_distribution=with_distribution)
+    return TokenLogProbs(log_probs=log_probs, entropy=entropy, all_log_probs=distribution)
 
 
 def block_causal_mask(cu_seqlens: torch.Tensor, length: int) -> torch.Tensor:
@@ -104,6 +109,9 @@ def _packed_attention(module, query, key, value, attention_mask, dropout: float 
             "--max-tokens-per-micro-batch: this model has sliding-window attention layers, which packed "
             "per-sample attention does not implement; drop the flag to train on padded micro-batches")
     sizes = [e - s for s, e in itertools.pairwise(bounds)]
+    cu_seqlens = kwargs.get(_CU_SEQLENS_KWARG)
+    if cu_seqlens is not None and varlen_attention.usable(query, dropout, scaling):
+        return varlen_attention.causal_varlen_attention(query, key, value, cu_seqlens, max(sizes), scaling), None
     parts = [
         sdpa_attention_forward(module, q, k, v, None, dropout=dropout, scaling=scaling, is_causal=True)[0]
         for q, k, v in zip(query.split(sizes, dim=2), key.split(sizes, dim=2), value.split(sizes, dim=2))

@@ -106,17 +106,17 @@ class PackedRows:
                    shape=tuple(sub.response_ids.shape))
 
     def scatter(self, values: torch.Tensor) -> torch.Tensor:
-        """``[K]`` per scored token -> ``[n, T]`` (zero elsewhere), keeping autograd."""
-        out = values.new_zeros(self.shape)
+        """``[K, ...]`` per scored token -> ``[n, T, ...]`` (zero elsewhere), keeping autograd."""
+        out = values.new_zeros(tuple(self.shape) + tuple(values.shape[1:]))
         return out.index_put((self.scatter_row, self.scatter_col), values)
 
 
 def response_log_probs_packed(logits: torch.Tensor, packed: PackedRows, *, with_entropy: bool,
-                              temperature: float = 1.0,
-                              truncation: Truncation | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``[n, T]`` log-probs (and entropy) from the logits ``[K, V]`` at the scored positions
-    (``relax.models.packed_forward.packed_logits``), computed like ``relax.models.batch.response_log_probs``
-    (float32 log-softmax)."""
+                              temperature: float = 1.0, truncation: Truncation | None = None,
+                              with_distribution: bool = False):
+    """``([n, T] log-probs, [n, T] entropy or None, [n, T, V] distribution or None)`` from the logits
+    ``[K, V]`` at the scored positions (``relax.models.packed_forward.packed_logits``), computed like
+    ``relax.models.batch.response_log_probs`` (float32 log-softmax)."""
     scores = logits.float()
     if temperature != 1.0:
         scores = scores / temperature
@@ -125,4 +125,5 @@ def response_log_probs_packed(logits: torch.Tensor, packed: PackedRows, *, with_
     entropy = None
     if with_entropy:
         entropy = packed.scatter(entropy_of(log_probs_all))
-    return log_probs, entropy
+    distribution = packed.scatter(log_probs_all) if with_distribution else None
+    return log_probs, entropy, distribution

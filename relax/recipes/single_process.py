@@ -1,103 +1,55 @@
-"""``relax train``'s synchronous step in one process, without Ray: the same roles, the same numbers.
+"""``relax train`` in the calling process, from Python: the single-process recipe.
 
-The recipe composes the roles' plain-Python cores — ``RolloutCore`` (sample, score, filter,
-normalize), ``AdvantagesCore`` (the Serve deployment's body) and ``ActorCore`` (old log-probs,
-advantages, one optimizer step per mini-batch) — over the in-memory data plane, and assembles each
-step's metrics row with the driver's own functions. With one rollout worker, one actor rank and the
-synchronous schedule, ``train_single_process(config)`` and ``relax train`` give bit-identical
-metrics (timings aside) and weights: the step is defined once, and a test holds the two together.
+``train_single_process(config)`` is ``relax.runtime.driver.train.run`` with ``--in-process``
+(``relax.runtime.cluster.local_runtime``): the run's one rollout worker and one actor rank are built in
+this process over the in-memory data plane, and the driver's own loop runs them. There is no second loop:
+the step, its metrics (the names of ``docs/en/tracking.md``), the evaluation, the checkpoints and the
+run directory are ``relax train``'s, and the numbers equal a Ray run's with the same configuration
+bit for bit (``tests/runtime/test_in_process.py``, ``tests/recipes/test_single_process.py``).
+
+What this adds is the result as Python values: every row of ``metrics.jsonl`` and the final policy
+weights, for scripts that compare runs (``examples/gdpo/compare.py``, ``benchmarks/in_process.py``)
+and for stepping through a method with a debugger or a profiler.
 
     from relax.recipes.single_process import train_single_process
     result = train_single_process(config)        # config: a RunConfig, as `relax train` builds it
     result.rows[-1]["reward/correct/mean"], result.weights
 
-What it does not run: several workers, ``--fully-async``, a critic, evaluation, checkpoints and
-trackers (those are the runtime's); asking for one raises ``ValueError`` naming the flag.
+What needs Ray (several workers, ``--fully-async``, a critic, the reward services, ...) is refused
+before anything starts with a ``ConfigError`` (a ``ValueError``) naming the flag
+(``relax.runtime.checks.in_process_rules``).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 
 import attrs
 import torch
 
-from relax.algorithms import load_algorithm
-from relax.config.run import num_minibatches
-from relax.runtime import roles as R
-from relax.runtime.actor_metrics import STEP_METRICS_KEY, combine_actor_metrics
-from relax.runtime.actor_worker import ActorCore
-from relax.runtime.advantages import AdvantagesCore
-from relax.runtime.local_handles import InProcessAdvantages
-from relax.runtime.memory_plane import MemoryDataPlane
-from relax.runtime.rollout_worker import RolloutCore
-from relax.runtime.rollouts import plan_from_rollouts, rollout_metrics
-from relax.runtime.validation import validate
+from relax.models.checkpoint_paths import policy_weights
+from relax.runtime.driver.train import RunSummary, run
+from relax.runtime.files.checkpoint_files import read_checkpoint
+from relax.runtime.files.metrics_log import read_metrics
 
 
 @attrs.frozen
 class SingleProcessResult:
-    rows: list[dict]  # one metrics row per step, the keys `relax train` writes to metrics.jsonl
-    weights: dict[str, torch.Tensor]  # the policy after the last step (the backend's export)
-    seconds: float
+    rows: list[dict]  # metrics.jsonl: one row per step (and step 0's evaluation before training, if any)
+    weights: dict[str, torch.Tensor]  # the policy after the last step, as its checkpoint holds it
+    seconds: float  # the whole call: start-up, training, evaluation and the final checkpoint
+    summary: RunSummary  # what run() returned: output directory, timings, evaluations, checkpoint
 
 
-def _refusals(config, layout) -> list[str]:
-    problems = []
-    if config.rollout_num_workers != 1:
-        problems.append(f"--rollout-num-workers {config.rollout_num_workers}: the single-process recipe has one")
-    if config.actor_num_workers != 1:
-        problems.append(f"--actor-num-workers {config.actor_num_workers}: the single-process recipe has one rank")
-    if config.fully_async:
-        problems.append("--fully-async: the single-process recipe runs the synchronous schedule")
-    if R.CRITIC in layout:
-        problems.append(f"--advantage-estimator {config.advantage_estimator} needs a critic, which only relax train runs")
-    return problems
-
-
-def train_single_process(config, on_step: Callable[[dict], None] | None = None) -> SingleProcessResult:
-    """Train ``config.num_rollout`` synchronous steps in this process (see the module docstring)."""
-    algorithm_cls = load_algorithm(config.advantage_estimator)
-    validate(config, algorithm_cls)
-    layout = R.derive_roles(algorithm_cls, config)
-    problems = _refusals(config, layout)
-    if problems:
-        raise ValueError("; ".join(problems) + " (use relax train)")
-    previous_threads = torch.get_num_threads()
-    plane = MemoryDataPlane()
-    spec = config.advantage_estimator
+def train_single_process(config) -> SingleProcessResult:
+    """Train ``config`` (a ``RunConfig``) with ``relax train``'s driver and its roles in this process."""
+    t0, threads = time.perf_counter(), torch.get_num_threads()
     try:
-        rollout = RolloutCore(config, spec, plane)
-        on_actor = layout.placement[R.ADVANTAGES] == R.ON_ACTOR
-        actor = ActorCore(config, spec, with_reference=R.REFERENCE in layout, advantages_on_actor=on_actor,
-                          data_plane=plane)
-        if not on_actor:
-            actor.advantages_service = InProcessAdvantages(AdvantagesCore(spec, config.algorithm, plane))
-        with_kl = R.REFERENCE in layout and config.algorithm.kl_in_reward
-        algorithm = algorithm_cls(config.algorithm)  # the driver's copy, for the rollout metrics
-        minibatches = num_minibatches(config)
-        rows, weights = [], None
-        start = time.perf_counter()
-        for step in range(1, config.num_rollout + 1):
-            roll = rollout.step(step, step - 1, weights)
-            row = {"step": step, **rollout_metrics(algorithm, [roll])}
-            plan = plan_from_rollouts([roll], minibatches, 1)
-            if plan.num_groups == 0:
-                row["train/skipped"] = 1  # every group was dropped: weights unchanged
-                weights = None
-            else:
-                if with_kl and not on_actor:
-                    row.update(actor.prepare(step, plan))
-                metrics, weights = actor.train(step, plan, with_values=False, with_kl=with_kl)
-                shares = metrics.pop(STEP_METRICS_KEY, None)
-                row.update(metrics)
-                row.update({f"actor/{k}": v for k, v in combine_actor_metrics([shares]).items()})
-            plane.clear(step)
-            rows.append(row)
-            if on_step is not None:
-                on_step(row)
-        final = actor.backend.export_weights()
-        return SingleProcessResult(rows=rows, weights=dict(final), seconds=time.perf_counter() - start)
+        summary = run(attrs.evolve(config, in_process=True))
     finally:
-        torch.set_num_threads(previous_threads)
+        torch.set_num_threads(threads)  # run() trains with one thread; the caller keeps its setting
+    seconds = time.perf_counter() - t0
+    rows, _ = read_metrics(summary.metrics_path)  # written by this run: no partial line to warn about
+    _, state = read_checkpoint(summary.checkpoint)  # the final step is always saved (saves_at)
+    return SingleProcessResult(rows=rows, weights=dict(policy_weights(state)), seconds=seconds,
+                               summary=summary)

@@ -15,9 +15,8 @@ by the tokenizer's chat template with the generation prompt appended; an input v
 already a list of ``{"role", "content"}`` messages is used as is (the suffix goes to its last user
 message).
 
-``PromptIterator`` walks the data set epoch after epoch, in a fresh order per epoch derived only
-from ``(seed, epoch)``, so its whole state is ``{epoch, position}`` and a resumed run draws exactly
-the prompts the interrupted run would have drawn.
+The file's rows are read by ``prompt_files.read_rows``; ``prompt_iterator.PromptIterator`` walks the
+prompts, resumably, for ``relax train``.
 """
 
 from __future__ import annotations
@@ -25,103 +24,16 @@ from __future__ import annotations
 import json
 import logging
 import os
-import random
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
-from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
 from relax.config.run import RunConfig
 from relax.rollout.base import Prompt, Tokenizer
+from relax.rollout.prompt_files import MAX_LISTED_ERRORS, PromptDataError, Unparsable, read_rows
+from relax.rollout.prompt_iterator import PromptIterator
 
 logger = logging.getLogger(__name__)
-
-MAX_LISTED_ERRORS = 5
-
-
-class PromptDataError(ValueError):
-    """Bad rows in ``--prompt-data``; ``errors`` holds every ``(line, message)``."""
-
-    def __init__(self, path: str, errors: list[tuple[int, str]], unit: str, flag: str = "--prompt-data"):
-        self.path = str(path)
-        self.flag = flag
-        self.errors = list(errors)
-        self.unit = unit
-        shown = "\n".join(f"  {unit} {line}: {msg}" for line, msg in errors[:MAX_LISTED_ERRORS])
-        more = (
-            f"\n  ... and {len(errors) - MAX_LISTED_ERRORS} more" if len(errors) > MAX_LISTED_ERRORS else ""
-        )
-        super().__init__(
-            f"{flag} {path}: {len(errors)} bad {unit}{'s' if len(errors) != 1 else ''} "
-            f"(fix or remove them; nothing is skipped silently):\n{shown}{more}"
-        )
-
-    def __reduce__(self):
-        # Rebuilt from the constructor's arguments, so the error crosses Ray's process boundary intact
-        # (the default reduce would call ``PromptDataError(message)`` and fail).
-        return (type(self), (self.path, self.errors, self.unit, self.flag))
-
-
-def read_rows(path: str | os.PathLike, flag: str = "--prompt-data") -> tuple[list[tuple[int, Any]], str]:
-    """``[(line_number, row), ...]`` and the unit name ("line" or "row") of a JSONL / Parquet file.
-
-    JSON that does not parse is returned as an ``_Unparsable`` row so that it is reported together
-    with the other bad rows."""
-    p = Path(path).expanduser()
-    if not p.is_file():
-        raise FileNotFoundError(f"{flag} {str(path)!r} does not exist or is not a file")
-    suffix = p.suffix.lower()
-    if suffix in (".jsonl", ".json"):
-        rows = []
-        with p.open("rb") as f:
-            for number, raw in enumerate(f, start=1):
-                try:
-                    line = raw.decode("utf-8")
-                except UnicodeDecodeError as exc:
-                    rows.append((number, _Unparsable(
-                        f"not UTF-8 text (byte {raw[exc.start]:#04x} at column {exc.start + 1}); "
-                        "save the file as UTF-8"
-                    )))
-                    continue
-                if number == 1:
-                    line = line.removeprefix("\ufeff")  # a UTF-8 byte-order mark is not part of the row
-                if not line.strip():
-                    continue  # blank lines (e.g. a trailing newline) hold no row
-                text = line.rstrip("\r\n")  # else an error at the line's end is "line 2, column 1"
-                try:
-                    rows.append((number, json.loads(text)))
-                except json.JSONDecodeError as exc:
-                    where = (f"at column {exc.pos + 1}" if exc.pos < len(text) else
-                             f"at the end of the line, column {len(text) + 1}: is a closing }} or ] missing?")
-                    rows.append((number, _Unparsable(f"not valid JSON ({exc.msg} {where})")))
-        return rows, "line"
-    if suffix == ".parquet":
-        try:
-            import pyarrow.parquet as pq
-        except ImportError:
-            raise ImportError(
-                f"{flag} {str(path)!r} is a Parquet file, which needs pyarrow: pip install pyarrow "
-                "(or pip install 'relax-rl[hf]'), or convert the file to JSONL."
-            ) from None
-        try:
-            table = pq.read_table(str(p))
-            rows = table.to_pylist()
-        except Exception as exc:  # noqa: BLE001 - pyarrow raises ArrowInvalid, OSError, ... for a bad file
-            raise ValueError(
-                f"{flag} {str(path)!r} is not a readable Parquet file ({type(exc).__name__}: "
-                f"{str(exc).splitlines()[0] if str(exc) else 'no details'}); rewrite it (e.g. with pandas "
-                "DataFrame.to_parquet) or convert it to JSONL"
-            ) from None
-        return [(i, row) for i, row in enumerate(rows, start=1)], "row"
-    raise ValueError(
-        f"{flag} {str(path)!r}: unknown file type {suffix!r}; use a .jsonl file (one JSON object per "
-        "line) or a .parquet file"
-    )
-
-
-class _Unparsable:
-    def __init__(self, reason: str):
-        self.reason = reason
 
 
 class PromptDataset:
@@ -221,7 +133,7 @@ class PromptDataset:
     # -- one row -> Prompt --
 
     def _build(self, row: Any) -> tuple[Prompt, int]:
-        if isinstance(row, _Unparsable):
+        if isinstance(row, Unparsable):
             raise _RowError(row.reason)
         if not isinstance(row, Mapping):
             raise _RowError(f"expected a JSON object, got {type(row).__name__}")
@@ -322,66 +234,6 @@ def _check_messages(value: list, key: str) -> list[dict]:
             )
         messages.append(dict(m))
     return messages
-
-
-class PromptIterator:
-    """Endless, resumable walk over a data set: epoch after epoch, each in its own seeded order.
-
-    ``state_dict()`` is ``{"epoch", "position", "seed", "num_prompts"}``; loading it into an
-    iterator over the same data and seed continues exactly where the saved one stopped.
-    """
-
-    def __init__(self, prompts: Sequence[Prompt], *, seed: int = 1234, shuffle: bool = True):
-        if len(prompts) == 0:
-            raise ValueError("PromptIterator needs at least one prompt")
-        self.prompts = prompts
-        self.seed = seed
-        self.shuffle = shuffle
-        self.epoch = 0
-        self.position = 0
-        self._order = self._order_of(0)
-
-    def _order_of(self, epoch: int) -> list[int]:
-        order = list(range(len(self.prompts)))
-        if self.shuffle:
-            # Depends only on (seed, epoch): resuming needs no RNG state.
-            random.Random(f"relax-prompts/{self.seed}/{epoch}").shuffle(order)
-        return order
-
-    def __iter__(self) -> Iterator[Prompt]:
-        return self
-
-    def __next__(self) -> Prompt:
-        if self.position >= len(self._order):
-            self.epoch += 1
-            self.position = 0
-            self._order = self._order_of(self.epoch)
-        prompt = self.prompts[self._order[self.position]]
-        self.position += 1
-        return prompt
-
-    def next_batch(self, n: int) -> list[Prompt]:
-        """The next ``n`` prompts (continuing into the next epoch when this one runs out)."""
-        return [next(self) for _ in range(n)]
-
-    def state_dict(self) -> dict[str, int]:
-        return {
-            "epoch": self.epoch,
-            "position": self.position,
-            "seed": self.seed,
-            "num_prompts": len(self.prompts),
-        }
-
-    def load_state_dict(self, state: Mapping[str, int]) -> None:
-        if state.get("num_prompts") != len(self.prompts) or state.get("seed") != self.seed:
-            raise ValueError(
-                f"cannot resume the prompt iterator: the checkpoint was saved with {state.get('num_prompts')} "
-                f"prompts and seed {state.get('seed')}, this run has {len(self.prompts)} prompts and seed "
-                f"{self.seed} (same --prompt-data, --max-prompt-len and --seed are needed to resume)"
-            )
-        self.epoch = int(state["epoch"])
-        self.position = int(state["position"])
-        self._order = self._order_of(self.epoch)
 
 
 def prompt_dataset_from_config(config: RunConfig, tokenizer: Tokenizer) -> PromptDataset:

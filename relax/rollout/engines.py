@@ -5,7 +5,7 @@ model; ``hf``, relax's KV-cached transformers loop; ``vllm``, vLLM in the rollou
 The rules here are the same for every engine and read what its entry declares, so a new engine gets
 them by declaring, not by an edit here.
 
-The rules run before Ray starts (``relax.runtime.validation``), so a wrong choice fails at once.
+The rules run before Ray starts (``relax.runtime.checks.validation``), so a wrong choice fails at once.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The two model scorers behind the reward services (``--reward-model-path``, ``--judge-model-path``).
 
 Both take a list of samples ``(prompt, completion, label)`` and return one float per sample, in order;
-the Ray Serve deployment (``relax.runtime.reward_services``) calls them on each dynamically gathered
+the Ray Serve deployment (``relax.runtime.cluster.reward_services``) calls them on each dynamically gathered
 batch. They are plain torch + transformers, so a test can compare them with the model called directly.
 
 - ``SequenceScorer``: a sequence-classification model with one logit; the score is that logit for

@@ -1,6 +1,6 @@
 """The one sampling function: prompt groups -> completions -> decoded texts -> reward matrix.
 
-The rollout worker (training), the evaluation and the single-process recipes all sample through
+The rollout worker (training, on Ray or in one process), the evaluation and the recipes all sample through
 ``sample_groups``, so a completion is generated, decoded and scored the same way wherever it is
 used. Rows are group-major: the ``n`` samples of prompt 0 first, then those of prompt 1, ...; each
 row's metadata carries ``sample_index`` (its position in its group), so a reward function can give

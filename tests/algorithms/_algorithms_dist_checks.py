@@ -14,8 +14,7 @@ import traceback
 import torch
 import torch.distributed as dist
 
-from relax.algorithms import AdvantageInputs, AlgorithmConfig, get_algorithm
-from relax.algorithms import numerics
+from relax.algorithms import AdvantageInputs, AlgorithmConfig, get_algorithm, numerics
 
 WORLD = 2
 NAN = float("nan")
@@ -194,14 +193,14 @@ def off_policy_shard(rank):
 
 
 def _off_policy_weight_metrics(rank, pg):
-    from relax.runtime.actor_metrics import off_policy_weight_metrics
+    from relax.runtime.metrics.actor_metrics import off_policy_weight_metrics
 
     config = AlgorithmConfig(off_policy_correction="seq_tis", off_policy_cap=1.2)
     return off_policy_weight_metrics(off_policy_shard(rank), config, pg)
 
 
 def _off_policy_weight_metrics_empty_shard(rank, pg):
-    from relax.runtime.actor_metrics import off_policy_weight_metrics
+    from relax.runtime.metrics.actor_metrics import off_policy_weight_metrics
 
     shard = off_policy_shard(0) if rank == 0 else {"batch": None, "fields": {}}
     return off_policy_weight_metrics(shard, AlgorithmConfig(off_policy_correction="tis", off_policy_cap=1.2), pg)

@@ -1,4 +1,4 @@
-"""``--cispo-rule`` through ``relax train`` (``relax.runtime.train.run``): the paper's two-sided clip
+"""``--cispo-rule`` through ``relax train`` (``relax.runtime.driver.train.run``): the paper's two-sided clip
 bounds more tokens than the upstream rule on the same ratios."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 
 from relax.algorithms import get_algorithm
 from relax.config.run import RunConfig
-from relax.runtime.train import run
+from relax.runtime.driver.train import run
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
 from run_results import training_rows  # noqa: E402

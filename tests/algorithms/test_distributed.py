@@ -15,10 +15,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _algorithms_dist_checks as checks  # noqa: E402  (spawned children import it by this name)
-
-from relax.algorithms import AdvantageInputs  # noqa: E402
-from relax.algorithms import numerics  # noqa: E402
 from spawned_ranks import spawn_ranks  # noqa: E402
+
+from relax.algorithms import (
+    AdvantageInputs,  # noqa: E402
+    numerics,  # noqa: E402
+)
 
 pytestmark = pytest.mark.timeout(120)
 GLOO_TIMEOUT_S = 30
@@ -333,7 +335,7 @@ def test_group_still_in_sync_after_the_errors(results):
 def test_off_policy_weight_metrics_cover_every_ranks_units(results):
     # quantiles are no shares: every rank gathers all units and logs the whole step's numbers, equal
     # to one process holding the concatenated units
-    from relax.runtime.actor_metrics import off_policy_weight_metrics
+    from relax.runtime.metrics.actor_metrics import off_policy_weight_metrics
 
     got = ok(results, "_off_policy_weight_metrics")
     assert got[0] == got[1]

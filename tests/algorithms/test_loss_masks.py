@@ -134,7 +134,7 @@ def test_backend_attends_to_observation_but_gives_it_no_log_prob():
 def test_backend_step_gives_no_gradient_through_observation_embedding_alone():
     """A train step on the episode changes the weights exactly as one on the reference layout does
     when only m3 carries advantage: the observation contributes context, never a loss term."""
-    from relax.runtime.losses import policy_loss_fn
+    from relax.runtime.step.losses import policy_loss_fn
 
     algorithm = _grpo()
     prompt, m1, m2, obs, m3 = [1, 5], 3, 4, 9, 16

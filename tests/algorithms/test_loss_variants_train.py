@@ -1,5 +1,5 @@
 """``--loss-aggregation seq_mean_token_sum_norm`` and ``--kl-loss-type k3+`` through ``relax train``
-(``relax.runtime.train.run``, two steps on the embedded default): each option's effect on what a run
+(``relax.runtime.driver.train.run``, two steps on the embedded default): each option's effect on what a run
 logs and trains."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 
 from relax.algorithms import AlgorithmConfig
 from relax.config.run import RunConfig
-from relax.runtime.train import run
+from relax.runtime.driver.train import run
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
 from run_results import checkpoint_weights, training_rows  # noqa: E402

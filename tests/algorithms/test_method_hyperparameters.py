@@ -123,7 +123,7 @@ def test_bad_values_and_the_wrong_method_are_refused(user_dir, capsys):
 def test_load_compares_the_methods_own_field(user_dir):
     from relax.algorithms import load_algorithm
     from relax.config.run import RunConfig
-    from relax.runtime.checkpoints import algorithm_settings
+    from relax.runtime.files.checkpoint_files import algorithm_settings
 
     cls = load_algorithm(SPEC)
     config = RunConfig(advantage_estimator=SPEC, algorithm=cls.Config(advantage_scale=2.5))

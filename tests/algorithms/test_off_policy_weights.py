@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from relax.algorithms import AlgorithmConfig, PolicyLossInputs, get_algorithm, numerics
-from relax.runtime.actor_metrics import off_policy_weight_metrics
+from relax.runtime.metrics.actor_metrics import off_policy_weight_metrics
 
 MASK = torch.tensor([[1, 1, 1], [1, 1, 0], [1, 0, 0]], dtype=torch.bool)
 # log w = proximal - behaviour per token; padding holds garbage that must not count

@@ -13,8 +13,8 @@ from relax.algorithms import AlgorithmConfig
 from relax.config.run import RunConfig
 from relax.rewards import overlong
 from relax.rollout.truncation import filter_overlong, truncated_rows
-from relax.runtime.rollout_worker import RolloutCore
-from relax.runtime.schedule import plan_step
+from relax.runtime.step.rollout_worker import RolloutCore
+from relax.runtime.step.schedule import plan_step
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
 from memory_plane import MemoryDataPlane  # noqa: E402
@@ -126,7 +126,7 @@ def test_the_rollout_gives_reward_functions_the_token_count():
 
 def test_the_filter_is_refused_for_multi_turn_episodes():
     from relax.algorithms import get_algorithm
-    from relax.runtime.validation import ConfigError, validate
+    from relax.runtime.checks.validation import ConfigError, validate
 
     cfg = RunConfig(advantage_estimator="grpo", algorithm=AlgorithmConfig(n_samples_per_prompt=4, reward_keys=KEYS),
                     env_path="my_envs:make_env", overlong_filter=True)

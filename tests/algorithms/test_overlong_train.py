@@ -1,4 +1,4 @@
-"""DAPO's over-long handling through ``relax train`` (``relax.runtime.train.run``, two steps on the
+"""DAPO's over-long handling through ``relax train`` (``relax.runtime.driver.train.run``, two steps on the
 built-in addition prompts): the soft punishment as a ``--custom-rm-path`` reward component, and
 ``--overlong-filter``, each with its effect on what the run logs and trains."""
 
@@ -13,7 +13,7 @@ import pytest
 
 from relax.algorithms import AlgorithmConfig
 from relax.config.run import RunConfig
-from relax.runtime.train import run
+from relax.runtime.driver.train import run
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
 from run_results import training_rows  # noqa: E402

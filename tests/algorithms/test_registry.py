@@ -26,7 +26,7 @@ from relax.algorithms.base import AlgorithmMeta
 
 EXPECTED_NAMES = {
     "grpo", "gspo", "sapo", "cispo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline",
-    "ppo", "m2po", "gdpo",
+    "ppo", "m2po", "gdpo", "on-policy-distill", "gkd",
 }
 
 

@@ -115,7 +115,7 @@ def test_diagnostics_are_logged_whenever_behaviour_log_probs_arrive():
 
 def test_a_band_that_keeps_nothing_is_refused_before_the_run(tmp_path):
     from relax.config.run import RunConfig
-    from relax.runtime.validation import ConfigError, validate
+    from relax.runtime.checks.validation import ConfigError, validate
 
     cfg = RunConfig(advantage_estimator="grpo",
                     algorithm=AlgorithmConfig(off_policy_correction="seq_mask_tis", off_policy_cap=1.0))

@@ -1,5 +1,5 @@
 """``--off-policy-correction seq_mask_tis`` and the mismatch diagnostics through ``relax train``
-(``relax.runtime.train.run``): fully asynchronous, one step of staleness, so from step 2 on the
+(``relax.runtime.driver.train.run``): fully asynchronous, one step of staleness, so from step 2 on the
 samples come from the policy one update behind the trainer."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 from relax.algorithms import AlgorithmConfig
 from relax.config.run import RunConfig
-from relax.runtime.train import run
+from relax.runtime.driver.train import run
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
 from run_results import training_rows  # noqa: E402

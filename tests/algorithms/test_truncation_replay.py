@@ -198,7 +198,7 @@ def test_the_trainer_reproduces_the_tiny_engines_top_p_log_probs(packed):
 def test_the_full_vocabulary_switch_warns_when_sampling_truncates_nothing():
     from relax.algorithms import AlgorithmConfig, get_algorithm
     from relax.config.run import RunConfig
-    from relax.runtime.no_op_rules import check_no_op
+    from relax.runtime.checks.no_op_rules import check_no_op
 
     def warnings_of(**run):
         errors, warnings = [], []

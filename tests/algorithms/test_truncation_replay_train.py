@@ -16,7 +16,7 @@ import pytest
 from relax.algorithms import AlgorithmConfig
 from relax.cli.main import main
 from relax.config.run import RunConfig
-from relax.runtime.train import run
+from relax.runtime.driver.train import run
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
 from run_results import training_rows  # noqa: E402

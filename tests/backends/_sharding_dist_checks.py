@@ -152,7 +152,7 @@ def reference(rank, pg):
     """A sharded frozen reference gives the runtime's (replicated) reference pass, also on a rank
     without rows, packed and padded."""
     from relax.config.run import RunConfig
-    from relax.runtime.reference_pass import reference_log_probs
+    from relax.runtime.step.reference_pass import reference_log_probs
 
     backend = ShardedTorchBackend(load_warmup_model(None), process_group=pg)
     frozen = backend.shard_frozen(load_warmup_model(None).requires_grad_(False).eval())
@@ -179,7 +179,7 @@ def hf(rank, pg):
 
     from transformers import AutoModelForCausalLM
 
-    from relax.backends.torch_backend import enable_recompute
+    from relax.backends.torch_setup import enable_recompute
     from relax.models.hf.adapter import hf_forward_logits
     from relax.models.hf.checkpoint import export_hf_checkpoint
     from relax.models.hf.loading import load_hf_model

@@ -10,7 +10,7 @@ import json
 import pytest
 import torch
 
-from relax.runtime.checkpoints import checkpoint_path
+from relax.runtime.files.checkpoint_files import checkpoint_path
 
 LR, MIN_LR = 1e-3, 1e-4
 
@@ -27,7 +27,7 @@ def _parse(*flags):
 @pytest.mark.timeout(300)
 @pytest.mark.filterwarnings("ignore")
 def test_relax_train_with_schedule_weight_decay_adam_flags_bf16_and_recompute(ray_cluster, tmp_path):
-    from relax.runtime.train import run
+    from relax.runtime.driver.train import run
 
     out = tmp_path / "run"
     # reinforce++ drops no prompt group, so every rollout runs its 2 optimizer steps: 4 in all

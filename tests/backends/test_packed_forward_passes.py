@@ -15,7 +15,7 @@ from relax.backends.torch_backend import TorchBackend
 from relax.config.run import RunConfig
 from relax.models.batch import response_log_probs
 from relax.models.value import ValueModel, response_values
-from relax.runtime.reference_pass import reference_log_probs
+from relax.runtime.step.reference_pass import reference_log_probs
 
 TEMPERATURE = 0.8  # not 1: the packed pass must divide the logits like the padded one
 

@@ -21,7 +21,7 @@ from relax.backends.torch_backend import TorchBackend
 from relax.models.batch import TokenBatch
 from relax.models.packing import plan_micro_batches
 from relax.models.tiny.model import TinyCausalLM, TinyLMConfig
-from relax.runtime.losses import policy_loss_fn
+from relax.runtime.step.losses import policy_loss_fn
 
 P_WIDTH, R_WIDTH, VOCAB = 5, 9, 17
 BUDGET = 24  # tokens: the 12 samples below (2..12 tokens) pack into 5 micro-batches of 1-3 samples
@@ -271,7 +271,7 @@ def test_without_the_flag_the_padded_step_is_unchanged():
 def test_hf_recompute_and_lora_packed_steps_match_the_padded_step(variant):
     """``--recompute-activations`` re-runs the layers in the backward pass (they must attend per sample
     there too); ``--lora-rank`` wraps the model in peft (the packed kwargs pass through it)."""
-    from relax.backends.torch_backend import enable_recompute
+    from relax.backends.torch_setup import enable_recompute
 
     def model_fn():
         model = qwen2_model()

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from relax.backends.torch_backend import TorchBackend, enable_recompute
-from relax.models.value import ValueModel
-from relax.config.run import RunConfig
 from test_torch_backend import advantages_for, make_batch, make_model, weighted_loss
+
+from relax.backends.torch_backend import TorchBackend
+from relax.backends.torch_setup import enable_recompute
+from relax.config.run import RunConfig
+from relax.models.value import ValueModel
 
 
 def _loss(batch):

@@ -16,7 +16,7 @@ BENCHMARKS = ROOT / "benchmarks"
 SCRIPTS = {
     "algorithms": "benchmarks/algorithms.py",
     "async": "benchmarks/async.py",
-    "bare_loop": "benchmarks/bare_loop.py",
+    "in_process": "benchmarks/in_process.py",
     "gpu": "benchmarks/gpu.py",
     "gpu_vllm": "benchmarks/gpu_vllm.py",
     "hf_rollout": "benchmarks/hf_rollout.py",
@@ -26,12 +26,13 @@ SCRIPTS = {
     "pipeline": "benchmarks/pipeline.py",
     "rollout_engines": "benchmarks/rollout_engines.py",
     "startup": "benchmarks/startup.py",
+    "weight_transport": "benchmarks/weight_transport.py",
 }
 
 
 def smoke(name: str, monkeypatch, *extra: str):
     """Load the benchmark script ``SCRIPTS[name]`` as a module and run its ``main(["--smoke", *extra])``."""
-    monkeypatch.syspath_prepend(str(BENCHMARKS))  # the scripts import each other (bare_loop)
+    monkeypatch.syspath_prepend(str(BENCHMARKS))  # the scripts import each other (in_process)
     module = runpy.run_path(str(ROOT / SCRIPTS[name]), run_name=f"benchmark_{name}")
     return module["main"](["--smoke", *extra])
 
@@ -40,8 +41,8 @@ def test_every_benchmark_has_a_smoke_test():
     assert {f"benchmarks/{p.name}" for p in BENCHMARKS.glob("*.py")} == set(SCRIPTS.values())
 
 
-def test_bare_loop(monkeypatch):
-    summary = smoke("bare_loop", monkeypatch)
+def test_in_process(monkeypatch):
+    summary = smoke("in_process", monkeypatch)
     assert summary["steps"] == 3 and 0.0 <= summary["greedy_accuracy_100"] <= 1.0
 
 
@@ -64,7 +65,8 @@ def test_gpu(monkeypatch):
     assert all(step[way]["tokens_per_s"] > 0 for way in ("bare", "padded", "packed"))
     assert summary["engine"]["rc"] == 0 and summary["engine"]["tokens_per_s"]["hf_engine"] > 0
     runs = summary["runs"]
-    assert set(runs) == {"default", "torch_bf16", "torch_bf16_packed", "megatron_bf16", "lora_reward_model"}
+    assert set(runs) == {"default", "torch_bf16", "torch_bf16_packed", "megatron_bf16", "lora_reward_model",
+                         "torch_bf16_in_process", "torch_bf16_collective"}
     assert all(r["rc"] == 0 for r in runs.values() if "skipped" not in r), runs
     for trained in ("default", "torch_bf16"):
         assert runs[trained]["steps"] == 3 and runs[trained]["train_tokens_per_s"] > 0, runs[trained]
@@ -153,3 +155,12 @@ def test_async(ray_cluster, monkeypatch):
     assert set(result["runs"]) == {"bare_sync", "runtime_sync", "async_k1", "async_k1_2_rollout_workers"}
     assert all(math.isfinite(r["step_ms"]) for r in result["runs"].values())
     assert result["runs"]["async_k1"]["staleness_max"] <= 1
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_weight_transport(ray_cluster, monkeypatch):
+    result = smoke("weight_transport", monkeypatch)
+    assert set(result["runs"]) == {f"{t}_{w}w" for t in ("object-store", "collective") for w in (1, 2)}
+    assert all(r["publish_s"] > 0 for r in result["runs"].values())
+    assert result["identical"] is True  # both transports delivered the same bytes to every worker

@@ -144,7 +144,7 @@ def preflight_off(monkeypatch, request):
     if _real_preflight(request):
         return
     monkeypatch.setattr("relax.cli.main.preflight", lambda config, algorithm: [])
-    monkeypatch.setattr("relax.runtime.train.preflight_once", lambda config, algorithm: [])
+    monkeypatch.setattr("relax.runtime.driver.train.preflight_once", lambda config, algorithm: [])
 
 
 @pytest.fixture

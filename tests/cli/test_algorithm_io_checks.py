@@ -4,7 +4,7 @@
   ``global_num_sequences`` that is 0, negative, non-finite or not a number;
 - ``normalize_rewards`` must return a finite float ``[N]`` tensor (checked where the rollout calls it);
 - ``policy_loss`` must return a ``PolicyLossOutput`` whose loss is a finite float scalar (checked in
-  ``relax.runtime.losses.policy_loss_fn``, before the backend backpropagates it).
+  ``relax.runtime.step.losses.policy_loss_fn``, before the backend backpropagates it).
 
 Each message names the class, the method and the step.
 """
@@ -19,7 +19,7 @@ import torch
 from relax.algorithms import AlgorithmConfig, PolicyLossInputs, PolicyLossOutput
 from relax.algorithms.grpo import GRPO
 from relax.algorithms.types import AlgorithmOutputError, check_normalized_rewards, check_policy_loss_output
-from relax.runtime.losses import policy_loss_fn
+from relax.runtime.step.losses import policy_loss_fn
 
 MASK = torch.tensor([[1, 1, 0], [1, 1, 1]], dtype=torch.bool)
 

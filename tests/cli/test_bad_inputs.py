@@ -24,8 +24,8 @@ import pytest
 import torch
 
 import relax.runtime.preflight.rewards as preflight_rewards
-from relax.config.algorithm import AlgorithmConfig
 from relax.cli.config_file import write_effective_config
+from relax.config.algorithm import AlgorithmConfig
 from relax.config.run import RunConfig
 
 pytestmark = pytest.mark.real_preflight  # pre-flight is what these test (tests/cli/conftest.py)
@@ -395,7 +395,7 @@ def test_written_config_never_sets_overwrite(ws):
 HOLD_LOCK = textwrap.dedent(
     """
     import sys, time
-    from relax.runtime.run_dir import lock_run_dir
+    from relax.runtime.files.run_dir import lock_run_dir
     lock = lock_run_dir(sys.argv[1])
     print("locked", flush=True)
     time.sleep(60)
@@ -413,13 +413,13 @@ def test_a_second_run_on_a_locked_directory_is_refused(refuse, ws):
     finally:
         holder.kill()
         holder.wait()
-    from relax.runtime.run_dir import lock_run_dir
+    from relax.runtime.files.run_dir import lock_run_dir
 
     lock_run_dir(ws / "busy").release()  # the kernel dropped the dead holder's lock
 
 
 def test_lock_is_reentrant_in_one_process_and_released(tmp_path):
-    from relax.runtime.run_dir import RunDirError, lock_holder, lock_run_dir
+    from relax.runtime.files.run_dir import RunDirError, lock_holder, lock_run_dir
 
     lock = lock_run_dir(tmp_path / "r")
     assert lock_run_dir(tmp_path / "r") is lock and lock_holder(tmp_path / "r") is None
@@ -432,7 +432,7 @@ def test_lock_is_reentrant_in_one_process_and_released(tmp_path):
 
 
 def test_overwrite_output_dir_clears_only_the_old_run(tmp_path):
-    from relax.runtime.run_dir import lock_run_dir
+    from relax.runtime.files.run_dir import lock_run_dir
 
     run = tmp_path / "r"
     (run / "checkpoints" / "step_000002").mkdir(parents=True)
@@ -451,15 +451,15 @@ def test_run_errors_pickle_intact():
     import pickle
 
     from relax.algorithms.types import AlgorithmOutputError
-    from relax.rollout.data import PromptDataError
+    from relax.rollout.prompt_files import PromptDataError
     from relax.rollout.rewards import RewardError
-    from relax.runtime.checkpoints import CheckpointError
-    from relax.runtime.run_dir import RunDirError
+    from relax.runtime.files.checkpoint_files import CheckpointError
+    from relax.runtime.files.run_dir import RunDirError
 
     data_error = PromptDataError("d.jsonl", [(2, "not valid JSON"), (5, "missing --input-key 'prompt'")], "line")
     copy = pickle.loads(pickle.dumps(data_error))
     assert str(copy) == str(data_error) and copy.errors == data_error.errors and "line 5" in str(copy)
-    from relax.runtime.validation import ConfigError
+    from relax.runtime.checks.validation import ConfigError
 
     assert pickle.loads(pickle.dumps(ConfigError(["a", "b"]))).errors == ["a", "b"]
     for cls in (RewardError, CheckpointError, RunDirError, AlgorithmOutputError):
@@ -467,7 +467,7 @@ def test_run_errors_pickle_intact():
 
 
 def test_ray_address_without_listener_fails_fast():
-    from relax.runtime.ray_session import check_ray_address
+    from relax.runtime.preflight.ray_address import check_ray_address
 
     t0 = time.monotonic()
     with pytest.raises(ConnectionError, match="--ray-address 127.0.0.1:1: nothing answers"):
@@ -496,7 +496,7 @@ def test_sigterm_shuts_down_like_ctrl_c(cli, ws, monkeypatch):
 def test_worker_failure_is_one_line(monkeypatch, cli, ws):
     """A RayTaskError-wrapped failure inside a worker is printed once, in relax's words, exit 1."""
     from relax.algorithms.types import AlgorithmOutputError
-    from relax.runtime.waits import WorkerDied
+    from relax.runtime.session.waits import WorkerDied
 
     class FakeRayTaskError(Exception):
         def __init__(self, cause):
@@ -661,7 +661,7 @@ def test_issue25_refused_before_anything_starts(refuse, damaged_runs, argv, mess
 
 
 def test_a_partial_last_metrics_line_is_dropped_on_resume(tmp_path):
-    from relax.runtime.metrics import MetricsLog
+    from relax.runtime.files.metrics_log import MetricsLog
 
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 1, "x": 1}\n{"step": 2, "x": 2}\n{"step": 3, "x"')
@@ -672,7 +672,7 @@ def test_a_partial_last_metrics_line_is_dropped_on_resume(tmp_path):
     assert warnings == [f"{path}: line 3 is incomplete (15 bytes, not valid JSON (Expecting ':' delimiter)), as a "
                         "crash mid-write leaves it; dropped it"]
     path.write_text('{"step": 1}\n[1, 2]\n{"step": 2}\n')
-    from relax.runtime.metrics import MetricsFileError
+    from relax.runtime.files.metrics_log import MetricsFileError
 
     with pytest.raises(MetricsFileError, match=r"metrics.jsonl: line 2 is a JSON list, not an object"):
         MetricsLog(path, resume_after_step=2)
@@ -700,7 +700,7 @@ def _fake_runtime(keep=None):
 
 @pytest.fixture
 def no_ray_get(monkeypatch):
-    monkeypatch.setattr("relax.runtime.waits.get", lambda refs, what, timeout=None: list(refs))
+    monkeypatch.setattr("relax.runtime.session.waits.get", lambda refs, what, timeout=None: list(refs))
 
 
 def _files(root: Path) -> dict[str, int]:
@@ -710,7 +710,8 @@ def _files(root: Path) -> dict[str, int]:
 def test_a_full_disk_while_saving_is_one_line_and_leaves_no_partial_files(tmp_path, monkeypatch, no_ray_get):
     import errno
 
-    from relax.runtime import checkpoints as C
+    from relax.runtime.driver import checkpoints as C
+    from relax.runtime.files.checkpoint_files import CheckpointSaveError, read_checkpoint
 
     runtime = _fake_runtime(keep=1)
     out = tmp_path / "run"
@@ -725,8 +726,8 @@ def test_a_full_disk_while_saving_is_one_line_and_leaves_no_partial_files(tmp_pa
         except OSError:
             raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 581952 vs 581844")
 
-    monkeypatch.setattr(C.torch, "save", disk_full)
-    with pytest.raises(C.CheckpointSaveError) as info:
+    monkeypatch.setattr(torch, "save", disk_full)
+    with pytest.raises(CheckpointSaveError) as info:
         C.save_checkpoint(runtime, out, 2)
     message = str(info.value)
     assert "\n" not in message
@@ -735,8 +736,8 @@ def test_a_full_disk_while_saving_is_one_line_and_leaves_no_partial_files(tmp_pa
     assert message.endswith(f"its partial files were removed and the last good checkpoint is {first.parent} "
                             f"(resume with --load {first.parent})")
     assert _files(out) == before  # no state.tmp, no empty step directory, and step 1 was not pruned
-    monkeypatch.setattr(C.torch, "save", real_save)
-    assert C.read_checkpoint(str(out))[1]["step"] == 1
+    monkeypatch.setattr(torch, "save", real_save)
+    assert read_checkpoint(str(out))[1]["step"] == 1
     # the CLI prints it as one error line (exit 1)
     from relax.cli.main import _run_error_message
 
@@ -755,7 +756,8 @@ def _tmpfs(path: Path, size: str) -> bool:
 def test_a_real_full_disk(tmp_path, no_ray_get):
     """The same on a 1 MiB tmpfs (needs root and mount): a real full disk, the checkpoint and the plot."""
     from relax.cli.plot import write_run_plot
-    from relax.runtime import checkpoints as C
+    from relax.runtime.driver import checkpoints as C
+    from relax.runtime.files.checkpoint_files import CheckpointSaveError
 
     disk = tmp_path / "disk"
     if not _tmpfs(disk, "1m"):
@@ -765,7 +767,7 @@ def test_a_real_full_disk(tmp_path, no_ray_get):
         runtime.actors[0].state = {"backend": {"model": {"w": torch.ones(16)}}}
         first = C.save_checkpoint(runtime, disk, 1)
         runtime.actors[0].state = {"backend": {"model": {"w": torch.ones(400_000)}}}  # 1.6 MB
-        with pytest.raises(C.CheckpointSaveError, match="step 2 .* failed: No space left on device") as info:
+        with pytest.raises(CheckpointSaveError, match="step 2 .* failed: No space left on device") as info:
             C.save_checkpoint(runtime, disk, 2)
         assert f"the last good checkpoint is {first.parent}" in str(info.value)
         assert sorted(p.name for p in (disk / "checkpoints").iterdir()) == ["step_000001"]
@@ -847,7 +849,7 @@ def test_a_builtin_methods_non_finite_loss_points_at_the_learning_rate():
 
 
 def test_run_takes_a_run_config():
-    from relax.runtime.train import run
+    from relax.runtime.driver.train import run
 
     with pytest.raises(TypeError, match=r"^run\(\) takes a RunConfig, got a dict; build one from it: "
                                         r"run\(RunConfig\(num_rollout=\.\.\.\)\)"):
@@ -858,7 +860,7 @@ def test_run_takes_a_run_config():
 
 def test_a_default_run_config_trains_on_the_tasks_reward_keys():
     from relax.rollout.tasks import get_task
-    from relax.runtime.entry import entry_config
+    from relax.runtime.checks.entry import entry_config
 
     config = entry_config(RunConfig())
     assert config.algorithm.reward_keys == tuple(get_task("addition").reward_keys) == ("correct", "digits", "format",
@@ -870,14 +872,14 @@ def test_a_default_run_config_trains_on_the_tasks_reward_keys():
 
 @pytest.mark.timeout(60)
 def test_run_refuses_what_pre_flight_refuses_before_ray_starts(ws, monkeypatch):
+    from relax.runtime.checks.validation import ConfigError
+    from relax.runtime.driver.train import run
     from relax.runtime.preflight import PreflightError
-    from relax.runtime.train import run
-    from relax.runtime.validation import ConfigError
 
     def must_not_start(*args, **kwargs):
         raise AssertionError("run() started the workers with a configuration pre-flight refuses")
 
-    monkeypatch.setattr("relax.runtime.train.Runtime", must_not_start)
+    monkeypatch.setattr("relax.runtime.driver.train.Runtime", must_not_start)
     before = _snapshot(ws)
     empty = RunConfig(prompt_data="empty.jsonl", custom_rm_path=f"{R}:good", output_dir=str(ws / "never"))
     with pytest.raises(PreflightError, match=r"--prompt-data empty.jsonl: .*holds no prompts") as info:
@@ -920,7 +922,7 @@ def test_a_filter_that_drops_every_group_warns_each_step_and_fails_the_run(ray_c
         "method's group filter or --dynamic-sampling-filter-path relax_drop_all:drop_all, so the model equals the "
         "initial weights; check that the filter keeps groups (or that the rewards vary within a group)")
     # nothing lost: both steps logged, the final model saved
-    from relax.runtime.metrics import read_metrics
+    from relax.runtime.files.metrics_log import read_metrics
 
     rows, _ = read_metrics(out / "metrics.jsonl")
     assert [(r["step"], r["train/skipped"]) for r in rows] == [(1, 1), (2, 1)]
@@ -930,7 +932,7 @@ def test_a_filter_that_drops_every_group_warns_each_step_and_fails_the_run(ray_c
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_a_default_run_config_runs_the_embedded_default(ray_cluster, tmp_path, monkeypatch):
-    from relax.runtime.train import run
+    from relax.runtime.driver.train import run
 
     monkeypatch.chdir(tmp_path)
     summary = run(RunConfig(num_rollout=1, output_dir=str(tmp_path / "default")))
@@ -1042,7 +1044,8 @@ def test_a_failed_hf_export_keeps_the_whole_state_and_removes_the_partial_export
     import errno
     import types
 
-    from relax.runtime import checkpoints as C
+    from relax.runtime.driver import checkpoints as C
+    from relax.runtime.files.checkpoint_files import CheckpointSaveError
 
     def export_fails(weights, source, target):
         Path(target).mkdir(parents=True)
@@ -1053,15 +1056,15 @@ def test_a_failed_hf_export_keeps_the_whole_state_and_removes_the_partial_export
     runtime = _fake_runtime()
     runtime.config.hf_checkpoint = "some/hf/dir"
     runtime.backend_cls.weights_in_state = staticmethod(lambda backend: backend["model"])
-    with pytest.raises(C.CheckpointSaveError, match=r"step_000001/hf failed: No space left on device") as info:
+    with pytest.raises(CheckpointSaveError, match=r"step_000001/hf failed: No space left on device") as info:
         C.save_checkpoint(runtime, tmp_path, 1)
     assert "the last good checkpoint is" in str(info.value) and str(tmp_path / "checkpoints" / "step_000001") in str(info.value)
     assert sorted(p.name for p in (tmp_path / "checkpoints" / "step_000001").iterdir()) == ["state.pt"]
 
 
 def test_a_dead_worker_is_named_by_its_role_while_saving(tmp_path, monkeypatch):
-    from relax.runtime import checkpoints as C
-    from relax.runtime.waits import WorkerDied
+    from relax.runtime.driver import checkpoints as C
+    from relax.runtime.session.waits import WorkerDied
 
     DEAD = {"dead": True}
 
@@ -1070,7 +1073,7 @@ def test_a_dead_worker_is_named_by_its_role_while_saving(tmp_path, monkeypatch):
             raise WorkerDied(f"the {what} worker died: The actor died unexpectedly before finishing this task.")
         return list(refs)
 
-    monkeypatch.setattr("relax.runtime.waits.get", get)
+    monkeypatch.setattr("relax.runtime.session.waits.get", get)
     runtime = _fake_runtime()
     runtime.rollouts = [_FakeActor({}), _FakeActor(DEAD)]
     with pytest.raises(WorkerDied, match=r"^the rollout \(worker 1\) worker died"):
@@ -1102,8 +1105,8 @@ def test_rays_node_start_up_timeout_is_one_line(monkeypatch, cli, ws):
 
 
 def test_a_metrics_line_that_cannot_be_written_is_one_line(tmp_path):
-    from relax.runtime.metrics import MetricsLog
-    from relax.runtime.run_errors import RunFailed
+    from relax.runtime.files.metrics_log import MetricsLog
+    from relax.runtime.files.run_errors import RunFailed
 
     log = MetricsLog(tmp_path / "metrics.jsonl")
     log.write({"step": 1, "x": 1.0})

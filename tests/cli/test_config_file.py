@@ -93,9 +93,9 @@ def test_validation_runs_after_the_merge(cli, tmp_path, user_module):
 
 def test_train_writes_effective_config_and_calls_runtime(cli, tmp_path, monkeypatch):
     calls = []
-    runtime = types.ModuleType("relax.runtime.train")
+    runtime = types.ModuleType("relax.runtime.driver.train")
     runtime.run = calls.append  # stands in for the Ray runtime: nothing starts
-    monkeypatch.setitem(sys.modules, "relax.runtime.train", runtime)
+    monkeypatch.setitem(sys.modules, "relax.runtime.driver.train", runtime)
     out_dir = tmp_path / "out"
     code, _, err = cli(
         "train",

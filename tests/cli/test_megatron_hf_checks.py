@@ -12,7 +12,7 @@ import json
 import pytest
 import torch
 
-import relax.backends.megatron as megatron_pkg
+import relax.backends.megatron.rules as megatron_pkg
 
 pytest.importorskip("transformers", reason="the hf extra (transformers) is not installed")
 

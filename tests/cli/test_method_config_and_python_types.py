@@ -69,8 +69,8 @@ def test_the_dry_run_names_class_and_field(tmp_path, monkeypatch, capsys):
 
 
 def test_run_checks_python_values_like_the_command_line(tmp_path):
-    from relax.runtime.train import run
-    from relax.runtime.validation import ConfigError
+    from relax.runtime.checks.validation import ConfigError
+    from relax.runtime.driver.train import run
 
     with pytest.raises(ConfigError) as caught:
         run(RunConfig(lr="0.001", in_process=True, num_rollout=1, output_dir=str(tmp_path / "o")))

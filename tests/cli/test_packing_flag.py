@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import yaml
 
-import relax.backends.megatron as megatron_pkg
+import relax.backends.megatron.rules as megatron_pkg
 
 
 def test_the_flag_reaches_the_config(cli):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-import relax.backends.megatron as megatron_pkg
+import relax.backends.megatron.rules as megatron_pkg
 from relax.backends import sharding
 from relax.config.run import RunConfig
 

@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-import relax.backends.megatron as megatron_pkg
-import relax.runtime.validation as validation
+import relax.backends.megatron.rules as megatron_pkg
+import relax.runtime.checks.validation as validation
 from relax.algorithms import BUILTIN_ALGORITHMS, algorithm_names, get_algorithm
+from relax.models.tiny.weights import CHECKPOINT as TINY_CHECKPOINT
 
 
 def spec(user_module, cls):
@@ -358,7 +359,7 @@ def test_default_reward_keys_reads_the_task_registry(monkeypatch):
     import types
 
     from relax.cli import build
-    from relax.runtime.validation import ConfigError
+    from relax.runtime.checks.validation import ConfigError
 
     monkeypatch.undo()  # the real default_reward_keys, not the fixture's
     fake = types.ModuleType("relax.rollout.tasks")
@@ -422,7 +423,12 @@ def test_user_copy_matches_builtin(cli, user_module, builtin):
 
 
 def test_validation_module_has_no_algorithm_name_literal():
-    from relax.runtime import batch_shape, engine_rules, method_rules, reward_rules  # the rules' modules
+    from relax.runtime.checks import (  # the rules' modules
+        batch_shape,
+        engine_rules,
+        method_rules,
+        reward_rules,
+    )
 
     modules = (validation, batch_shape, method_rules, reward_rules, engine_rules)
     source = "\n".join(Path(module.__file__).read_text() for module in modules)
@@ -453,6 +459,8 @@ def test_hyperparameter_the_method_does_not_read_warns(cli):
 def test_default_configuration_of_every_builtin_has_no_unread_flag_warning(cli):
     for name in algorithm_names():
         required = ["--normalize-advantages"] if get_algorithm(name).advantage_normalization == "required" else []
+        if get_algorithm(name).needs_teacher:  # the shipped warm-up model is a teacher of the built-in task
+            required += ["--teacher-checkpoint", str(TINY_CHECKPOINT)]
         code, _, err = cli("train", "--dry-run", "--advantage-estimator", name, *required)
         assert code == 0, (name, err)
         assert "does not read" not in err, (name, err)

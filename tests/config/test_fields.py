@@ -72,7 +72,7 @@ def test_field_problems_skips_unset_fields_and_checks_each_list_item():
 def test_a_run_config_built_in_python_is_refused_naming_the_flag():
     from relax.algorithms import get_algorithm
     from relax.config.run import RunConfig
-    from relax.runtime.validation import ConfigError, validate
+    from relax.runtime.checks.validation import ConfigError, validate
 
     config = RunConfig(lr=-1.0, rollout_top_p=0.0, algorithm=get_algorithm("grpo").Config(reward_keys=("a",)))
     with pytest.raises(ConfigError) as info:

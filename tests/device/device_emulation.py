@@ -11,7 +11,8 @@ every torch operation is checked with CUDA's placement rules before it runs:
   CUDA kernels accept: else ``Expected all tensors to be on the same device ...``;
 - ``index`` / ``index_put`` accept CPU indices into a device tensor, but not device indices into a
   CPU tensor: ``indices should be either on cpu or on the same device as the indexed tensor (cpu)``;
-- copies (``.to``, ``copy_``) move data between the devices;
+- copies (``.to``, ``copy_``; also ``aten.to`` itself, which inference mode leaves undecomposed) move
+  data between the devices;
 - a factory call with ``device=`` makes its tensor on that device.
 
 These are the two errors a real H200 raised on code that mixed a CPU batch with a GPU model. Torch's
@@ -33,7 +34,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 DEVICE = torch.device("meta")
 _CPU = torch.device("cpu")
-_COPIES = {"_to_copy", "copy_", "_copy_from", "_copy_from_and_resize", "lift_fresh", "lift_fresh_copy"}
+_COPIES = {"_to_copy", "copy_", "_copy_from", "_copy_from_and_resize", "lift_fresh", "lift_fresh_copy", "to"}
 _INDEXING = {"index", "index_put", "index_put_", "_index_put_impl_", "_unsafe_index", "_unsafe_index_put"}
 
 
@@ -90,9 +91,17 @@ class _CheckedMode(TorchDispatchMode):
         if name not in _COPIES:
             _check_placement(name, args, tensors)
         target = kwargs.get("device")
+        if name == "to" and len(args) > 1:
+            # ``aten.to`` itself (under inference mode it reaches the mode undecomposed): ``to.device``
+            # names the device positionally, ``to.other`` copies to another tensor's device and dtype
+            if isinstance(args[1], torch.Tensor):
+                target = device_of(args[1])
+            elif isinstance(args[1], (torch.device, str)):
+                target = torch.device(args[1])
+                args = (args[0], _CPU if target.type == DEVICE.type else target, *args[2:])
         if target is not None:
             out_device = torch.device(target)
-            if out_device.type == DEVICE.type:
+            if out_device.type == DEVICE.type and "device" in kwargs:
                 kwargs["device"] = _CPU
         elif name in _COPIES:
             out_device = device_of(args[0])
@@ -101,9 +110,14 @@ class _CheckedMode(TorchDispatchMode):
         out = func(*tree_map(_unwrap, args), **tree_map(_unwrap, kwargs))
         if out_device.type != DEVICE.type:
             return out
-        if name.endswith("_") and args and on_device(args[0]):
+        if _in_place(name) and args and on_device(args[0]):
             return args[0]  # in place: the caller's own tensor
         return tree_map(lambda t: OnDevice(t) if isinstance(t, torch.Tensor) and not on_device(t) else t, out)
+
+
+def _in_place(name: str) -> bool:
+    """``add_``, ``__iand__``: writes its first argument; ``__and__`` (a dunder) does not."""
+    return name.endswith("_") and (not name.startswith("__") or name.startswith("__i"))
 
 
 def _unwrap(t):

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from relax.runtime.memory_plane import MemoryDataPlane
-from relax.runtime.schedule import StepPlan, plan_step
+from relax.runtime.data.memory_plane import MemoryDataPlane
+from relax.runtime.step.schedule import StepPlan, plan_step
 
 
 def write_step(plane: MemoryDataPlane, step: int, *, groups: int = 4, group_size: int = 4, vocab: int = 17,

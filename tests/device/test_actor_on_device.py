@@ -14,9 +14,9 @@ from device_steps import write_step
 from relax.algorithms import AlgorithmConfig
 from relax.config.run import RunConfig
 from relax.models.factory import build_policy_model
-from relax.runtime.actor_worker import ActorCore
-from relax.runtime.advantages import AdvantagesCore
-from relax.runtime.memory_plane import MemoryDataPlane
+from relax.runtime.data.memory_plane import MemoryDataPlane
+from relax.runtime.step.actor_worker import ActorCore
+from relax.runtime.step.advantages import AdvantagesCore
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
@@ -30,12 +30,13 @@ def hf_checkpoint(tmp_path_factory):
 
 def _config(algo: str, hf: str | None, **kw) -> RunConfig:
     return RunConfig(advantage_estimator=algo, hf_checkpoint=hf,
-                     algorithm=AlgorithmConfig(reward_keys=("a", "b"), n_samples_per_prompt=4, **kw.pop("algo_kw", {})),
+                     algorithm=kw.pop("config_cls", AlgorithmConfig)(reward_keys=("a", "b"), n_samples_per_prompt=4, **kw.pop("algo_kw", {})),
                      rollout_batch_size=4, num_steps_per_rollout=2, seed=3, lr=1e-4, **kw,
                      adam_eps=1e-3)  # Adam turns rounding-level gradients (an exactly-zero one) into steps of lr: not here
 
 
-def _actor_step(config: RunConfig, *, on_actor: bool, reference: bool = False, rollout_log_probs: bool = False):
+def _actor_step(config: RunConfig, *, on_actor: bool, reference: bool = False, rollout_log_probs: bool = False,
+                teacher: bool = False):
     """One training step of an ``ActorCore`` on a fresh step; returns its metrics and weights."""
     plane = MemoryDataPlane()
     plan = write_step(plane, 1, rollout_log_probs=rollout_log_probs)
@@ -43,7 +44,7 @@ def _actor_step(config: RunConfig, *, on_actor: bool, reference: bool = False, r
         AdvantagesCore(config.advantage_estimator, config.algorithm, plane).compute(
             1, plan.num_groups, plan.segment_sizes, False, reference, plan.uids)
     actor = ActorCore(config, config.advantage_estimator, with_reference=reference, advantages_on_actor=on_actor,
-                      data_plane=plane)
+                      data_plane=plane, with_teacher=teacher)
     if reference:
         actor.prepare(1, plan)
     metrics, weights = actor.train(1, plan)
@@ -90,3 +91,26 @@ def test_builtin_policy_step_with_reference_and_engine_log_probs_on_the_device(d
 def test_hf_reference_pass_packed_with_reward_side_kl_on_the_device(device, hf_checkpoint):
     config = _config("reinforce_plus_plus", hf_checkpoint, max_tokens_per_micro_batch=20, algo_kw={"kl_coef": 0.05})
     _same_step(config, device, on_actor=True, reference=True)
+
+
+@pytest.fixture(scope="module")
+def hf_teacher(tmp_path_factory):
+    """Another random qwen2 model with the same tokenizer: a teacher that disagrees with the student."""
+    from relax.models.hf.tiny_random import build_tiny_random_checkpoint
+
+    return str(build_tiny_random_checkpoint(tmp_path_factory.mktemp("teacher") / "qwen2", "qwen2", hidden=32, layers=1,
+                                            seed=5))
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
+def test_hf_teacher_pass_and_distillation_step_on_the_device(device, hf_checkpoint, hf_teacher, packed):
+    """The teacher role on the actor rank: the teacher sits on the policy's device and its log-probs
+    meet the policy's there (padded and packed micro-batches); the step equals the CPU's."""
+    from relax.algorithms.distill import OnPolicyDistill
+
+    config = _config("on-policy-distill", hf_checkpoint, teacher_checkpoint=hf_teacher, config_cls=OnPolicyDistill.Config,
+                     micro_batch_size=3, max_tokens_per_micro_batch=24 if packed else None)
+    _same_step(config, device, on_actor=True, teacher=True)
+    actor, _, metrics, _ = _actor_step(config, on_actor=True, teacher=True)
+    assert on_device(next(actor.teacher.model.parameters()))
+    assert metrics["distill/reverse_kl"] != 0.0 and metrics["time/actor/teacher_s"] > 0

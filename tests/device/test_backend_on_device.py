@@ -7,17 +7,17 @@ from __future__ import annotations
 
 import pytest
 import torch
-from device_emulation import DEVICE, cpu_data, on_device, on_the_cpu
+from device_emulation import cpu_data, on_device, on_the_cpu
 from device_steps import write_step
 
 from relax.algorithms import AlgorithmConfig, PolicyLossOutput
 from relax.backends.torch_backend import TorchBackend
 from relax.config.run import RunConfig
 from relax.models.factory import build_policy_model
-from relax.runtime.advantages import AdvantagesCore
-from relax.runtime.critic_worker import CriticCore
-from relax.runtime.fields import BATCH_FIELDS, token_batch
-from relax.runtime.memory_plane import MemoryDataPlane
+from relax.runtime.data.memory_plane import MemoryDataPlane
+from relax.runtime.step.advantages import AdvantagesCore
+from relax.runtime.step.critic_worker import CriticCore
+from relax.runtime.step.fields import BATCH_FIELDS, token_batch
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
@@ -143,7 +143,7 @@ def test_recompute_and_bf16_step_on_the_device(device, hf_checkpoint, packed):
 
 def test_reference_pass_on_the_device(device, hf_checkpoint):
     from relax.models.factory import build_reference_model
-    from relax.runtime.reference_pass import reference_log_probs
+    from relax.runtime.step.reference_pass import reference_log_probs
 
     batch, *_ = _cpu_batch()
     for budget in (None, 20):

@@ -31,6 +31,10 @@ def _inputs(seed: int = 0) -> dict[str, torch.Tensor]:
         "ref": old + torch.randn((N, T), generator=g) * 0.1 * mask,
         "rollout": old + torch.randn((N, T), generator=g) * 0.1 * mask,
         "entropy": torch.rand((N, T), generator=g) * mask,
+        "teacher": old + torch.randn((N, T), generator=g) * 0.3 * mask,  # read by a method that needs a teacher
+        # the teacher's and the student's distributions over 4 tokens (GKD's loss reads them)
+        "teacher_top": torch.randn((N, T, 4), generator=g),
+        "student_top": torch.randn((N, T, 4), generator=g),
     }
 
 
@@ -46,9 +50,12 @@ def _three_stages(name: str, x: dict[str, torch.Tensor], **settings):
         rewards=rewards.float(), response_mask=x["mask"], values=x["values"] if algo.needs_critic else None,
         kl=x["kl"], segment_sizes=(GROUP, N - GROUP)))
     new = x["new"].clone().requires_grad_(True)
+    # the student's distribution moves with its log-probs, so a divergence loss has a gradient w.r.t. them too
+    student_top = (x["student_top"] + new.unsqueeze(-1)).log_softmax(-1)
     out = algo.policy_loss(PolicyLossInputs(
         log_probs=new, old_log_probs=x["old"], advantages=advantages, response_mask=x["mask"],
-        ref_log_probs=x["ref"], rollout_log_probs=x["rollout"], entropy=x["entropy"],
+        ref_log_probs=x["ref"], rollout_log_probs=x["rollout"], entropy=x["entropy"], teacher_log_probs=x["teacher"],
+        teacher_top_log_probs=x["teacher_top"].log_softmax(-1), student_top_log_probs=student_top,
         global_num_tokens=float(x["mask"].sum()), global_num_sequences=float(N), max_response_length=T))
     out.loss.backward()
     return {"rewards": rewards, "signal": signal, "advantages": advantages, "returns": returns, "loss": out.loss,
@@ -76,9 +83,8 @@ def test_method_on_the_device_makes_its_tensors_there_and_matches_the_cpu(device
 def test_off_policy_weight_metrics_are_computed_on_the_models_device(device, monkeypatch):
     """The ``off_policy/*`` units are gathered over the data-parallel group, which on GPUs is NCCL's
     and takes device tensors only: they are made on the model's device (a rank without rows too)."""
-    from relax.algorithms import AlgorithmConfig
-    from relax.algorithms import numerics
-    from relax.runtime import actor_metrics
+    from relax.algorithms import AlgorithmConfig, numerics
+    from relax.runtime.metrics import actor_metrics
 
     seen = []
 

@@ -8,7 +8,7 @@ import torch
 
 from relax.algorithms import AlgorithmConfig
 from relax.config.run import RunConfig
-from relax.runtime.weight_sync import ObjectStoreSync, publish_dtype
+from relax.runtime.weights.weight_sync import ObjectStoreSync, publish_dtype
 
 
 def _weights() -> dict[str, torch.Tensor]:
@@ -44,7 +44,8 @@ def test_publish_dtype_is_the_vllm_engines_and_none_for_float32_engines(tmp_path
     from relax.rollout.vllm import factory
 
     assert publish_dtype(_config()) is None  # the built-in engine: the trainer's own dtype
-    assert publish_dtype(_config(hf_checkpoint=str(tmp_path), bf16=True)) is None  # transformers: float32
+    # transformers on this process's device, the CPU: float32 (bfloat16 on a GPU: test_hf_engine_on_device.py)
+    assert publish_dtype(_config(hf_checkpoint=str(tmp_path), bf16=True)) is None
     vllm = _config(hf_checkpoint=str(tmp_path), rollout_engine="vllm", bf16=True)
     # the engine's rule (relax.rollout.vllm.factory.engine_dtype) decides; here one that says bfloat16
     monkeypatch.setattr(factory, "engine_dtype", lambda config: "bfloat16" if config.bf16 else "float32",
@@ -58,7 +59,7 @@ def test_publish_dtype_is_the_vllm_engines_and_none_for_float32_engines(tmp_path
 def test_the_actor_publishes_in_the_engine_dtype(tmp_path, monkeypatch):
     from relax.models.hf.tiny_random import build_tiny_random_checkpoint
     from relax.rollout.vllm import factory
-    from relax.runtime.actor_worker import ActorCore
+    from relax.runtime.step.actor_worker import ActorCore
 
     monkeypatch.setattr(factory, "engine_dtype", lambda config: "bfloat16" if config.bf16 else "float32",
                         raising=False)

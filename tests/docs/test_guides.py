@@ -113,8 +113,8 @@ def test_relax_train_command_validates(language, tmp_path):
 @pytest.mark.ray
 @pytest.mark.timeout(300)
 @pytest.mark.skipif(
-    importlib.util.find_spec("relax.runtime.train") is None,
-    reason="relax.runtime.train is not present in this checkout (no runtime to train with)",
+    importlib.util.find_spec("relax.runtime.driver.train") is None,
+    reason="relax.runtime.driver.train is not present in this checkout (no runtime to train with)",
 )
 def test_relax_train_command_trains(tmp_path):
     ray_env = {"RAY_TMPDIR": os.environ.get("RAY_TMPDIR", f"/tmp/r_guide_{os.getpid()}")}

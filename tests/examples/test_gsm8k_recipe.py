@@ -85,8 +85,8 @@ def test_cpu_script_dry_run(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(420)
 @pytest.mark.skipif(
-    importlib.util.find_spec("relax.runtime.train") is None,
-    reason="relax.runtime.train is not present in this checkout (no runtime to train with)",
+    importlib.util.find_spec("relax.runtime.driver.train") is None,
+    reason="relax.runtime.driver.train is not present in this checkout (no runtime to train with)",
 )
 def test_cpu_script_trains_three_steps(tmp_path):
     pytest.importorskip("transformers", reason="the hf extra (transformers) is not installed")

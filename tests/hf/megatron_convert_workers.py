@@ -56,13 +56,9 @@ def convert_and_compare(rank: int, world: int, cases) -> dict:
     """For each (family, tie): HF logits vs the converted Megatron model's logits (gathered over tp),
     and the Megatron weights gathered back to HF names."""
     from relax.backends.megatron import _cpu_compat
-    from relax.backends.megatron.backend import init_parallel_state
-    from relax.backends.megatron.hf_convert import (
-        build_hf_gpt_model,
-        gather_hf_state,
-        hf_transformer_config,
-        load_hf_state_into,
-    )
+    from relax.backends.megatron.hf_convert import gather_hf_state, load_hf_state_into
+    from relax.backends.megatron.hf_model import build_hf_gpt_model, hf_transformer_config
+    from relax.backends.megatron.process_groups import init_parallel_state
 
     _cpu_compat.apply()
     init_parallel_state(world, 1, 0)

@@ -7,7 +7,9 @@ import warnings
 import pytest
 
 from relax.rollout.base import Prompt
-from relax.rollout.data import PromptDataError, PromptDataset, PromptIterator, prompt_iterator_from_config
+from relax.rollout.data import PromptDataset, prompt_iterator_from_config
+from relax.rollout.prompt_files import PromptDataError
+from relax.rollout.prompt_iterator import PromptIterator
 from relax.models.hf import load_hf_tokenizer
 from relax.models.tiny.tokenizer import TinyTokenizer
 from relax.config.run import RunConfig

@@ -8,13 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from relax.backends.megatron.hf_convert import (
-    hf_to_megatron,
-    load_hf_state_into,
-    megatron_to_hf,
-    tp_slice,
-    tp_unslice,
-)
+from relax.backends.megatron.hf_convert import hf_to_megatron, load_hf_state_into, megatron_to_hf
+from relax.backends.megatron.tp_slices import tp_slice, tp_unslice
 
 sys.path.insert(0, str(Path(__file__).parent))
 from megatron_convert_workers import random_hf_model

@@ -140,12 +140,15 @@ def test_lora_flags_are_checked_naming_the_flag(checkpoints):
 
 @pytest.mark.ray
 @pytest.mark.slow
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(420)  # two runs: the collective transport and the object store
 @pytest.mark.filterwarnings("ignore")
-def test_relax_train_with_lora_sends_the_adapter_and_exports_merged_and_adapter(ray_cluster, tmp_path, monkeypatch):
+def test_relax_train_with_lora_sends_the_adapter_and_exports_merged_and_adapter(ray_cluster, tmp_path, monkeypatch,
+                                                                                capsys):
     """``relax train --hf-checkpoint ... --lora-rank 4``: the rollout merges each step's adapter (the run
     would stop on a payload it cannot merge), the checkpoint's actor weights are the adapter alone, and
-    hf/ holds the merged model with the adapter in hf/adapter (equal to peft's merge of it)."""
+    hf/ holds the merged model with the adapter in hf/adapter (equal to peft's merge of it). The adapter
+    travels by broadcast (``--weight-transport collective``), and the run equals the object store's:
+    the same rollouts (sampled with the merged adapters) and the same adapter, bit for bit."""
     import json
     import shutil
     from pathlib import Path
@@ -154,8 +157,8 @@ def test_relax_train_with_lora_sends_the_adapter_and_exports_merged_and_adapter(
 
     from relax.cli.main import build_parser, prepare_train_config
     from relax.models.hf.tiny_random import build_tiny_random_checkpoint
-    from relax.runtime.checkpoints import checkpoint_path
-    from relax.runtime.train import run
+    from relax.runtime.driver.train import run
+    from relax.runtime.files.checkpoint_files import checkpoint_path
 
     ckpt = build_tiny_random_checkpoint(tmp_path / "tiny-qwen3", "qwen3")
     data = tmp_path / "prompts.jsonl"
@@ -170,14 +173,25 @@ def test_relax_train_with_lora_sends_the_adapter_and_exports_merged_and_adapter(
             str(ckpt), "--prompt-data", str(data), "--custom-rm-path", "lora_toy_reward:reward", "--reward-keys",
             "digits", "--num-rollout", "2", "--rollout-batch-size", "4", "--n-samples-per-prompt", "2",
             "--rollout-max-response-len", "8", "--lr", "5e-2", "--lora-rank", "4", "--lora-alpha", "8",
-            "--lora-target-modules", "q_proj", "v_proj", "up_proj", "--save-interval", "2", "--no-progress",
-            "--output-dir", str(out)]
-    config = prepare_train_config(argv, parser, subparsers["train"])[0]
-    run(config)
+            "--lora-target-modules", "q_proj", "v_proj", "up_proj", "--save-interval", "2", "--no-progress"]
+    run(prepare_train_config([*argv, "--output-dir", str(out), "--weight-transport", "collective"], parser,
+                             subparsers["train"])[0])
+    assert "relax: weights: collective broadcast (gloo) from actor rank 0 to 1 rollout worker(s)" in capsys.readouterr().err
+    by_store = tmp_path / "by_store"
+    run(prepare_train_config([*argv, "--output-dir", str(by_store)], parser, subparsers["train"])[0])
+    assert "collective broadcast" not in capsys.readouterr().err
+
+    def numbers(directory):
+        return [{k: v for k, v in json.loads(line).items() if not k.startswith(("time/", "perf/")) and not k.endswith("_per_s")}
+                for line in (directory / "metrics.jsonl").read_text().splitlines()]
+
+    assert numbers(out) == numbers(by_store)
+    stored = torch.load(checkpoint_path(by_store, 2), weights_only=False)["actor"]["backend"]["model"]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2] and all(r["actor/grad_norm"] > 0 for r in rows)
     state = torch.load(checkpoint_path(out, 2), weights_only=False)
     adapter = state["actor"]["backend"]["model"]
+    assert all(torch.equal(adapter[k], stored[k]) for k in adapter if k != ADAPTER_CONFIG_KEY) and set(adapter) == set(stored)
     assert adapter_settings(adapter)["target_modules"] == ["q_proj", "up_proj", "v_proj"]
     assert all(".lora_A." in k or ".lora_B." in k for k in adapter if k != ADAPTER_CONFIG_KEY)
     hf = checkpoint_path(out, 2).parent / "hf"

@@ -7,9 +7,9 @@ in the test module.
 
 from __future__ import annotations
 
+import megatron_workers as W
 import torch
 
-import megatron_workers as W
 from relax.backends.megatron.model import local_tensors
 from relax.models.tiny.model import TinyCausalLM
 
@@ -90,7 +90,7 @@ def _published_to_engines(backend) -> dict:
     """The weights a rollout engine holds after the trainer's publish, as ``relax train`` moves them
     (``ObjectStoreSync``: export, pack, unpack, ``load_weights``), into a float32 and a bfloat16 engine."""
     from relax.rollout.tiny.engine import TinyEngine
-    from relax.runtime.weight_sync import ObjectStoreSync
+    from relax.runtime.weights.weight_sync import ObjectStoreSync
 
     sync = ObjectStoreSync()
     handle = sync.publish(sync.export(backend, rank=0))

@@ -84,7 +84,7 @@ def sdpa_against_megatron() -> dict:
     from megatron.core.transformer.enums import AttnMaskType
 
     from relax.backends.megatron.attention import sdpa_core_attention_class
-    from relax.backends.megatron.backend import init_parallel_state
+    from relax.backends.megatron.process_groups import init_parallel_state
 
     init_parallel_state(1, 1, 0)
     s, b, heads, head_dim = 7, 3, 4, 8

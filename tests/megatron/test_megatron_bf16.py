@@ -31,9 +31,9 @@ pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("megatron.core") is None, reason="megatron-core is not installed"),
 ]
 
-from megatron_harness import run_distributed  # noqa: E402
 import megatron_bf16_workers as BW  # noqa: E402
 import megatron_workers as W  # noqa: E402
+from megatron_harness import run_distributed  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -161,8 +161,8 @@ def test_relax_train_megatron_bf16_through_ray(ray_cluster, tmp_path):
 
     from relax.cli.main import build_parser, prepare_train_config
     from relax.models.hf.tiny_random import build_tiny_random_checkpoint
-    from relax.runtime.checkpoints import checkpoint_path
-    from relax.runtime.train import run
+    from relax.runtime.driver.train import run
+    from relax.runtime.files.checkpoint_files import checkpoint_path
 
     ckpt = build_tiny_random_checkpoint(tmp_path / "tiny-qwen3", "qwen3", hidden=64, layers=2)
     data = tmp_path / "prompts.jsonl"

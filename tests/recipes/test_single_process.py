@@ -1,10 +1,12 @@
-"""The single-process recipe and ``relax train`` are one step definition: bit-identical metrics
-(timings aside) and weights over 5 synchronous steps with one rollout worker and one actor rank."""
+"""The single-process recipe is ``relax train --in-process`` called from Python: bit-identical metrics
+(timings aside) and weights to a Ray run over 5 synchronous steps with one rollout worker and one actor
+rank, the run's own rows and final weights handed back, and what needs Ray refused before it starts."""
 
 from __future__ import annotations
 
 import json
 
+import attrs
 import pytest
 import torch
 
@@ -12,8 +14,8 @@ from relax.config.algorithm import AlgorithmConfig
 from relax.config.run import RunConfig
 from relax.recipes.single_process import train_single_process
 from relax.rollout.tasks import get_task
-from relax.runtime.checkpoints import checkpoint_path
-from relax.runtime.train import run
+from relax.runtime.driver.train import run
+from relax.runtime.files.checkpoint_files import checkpoint_path
 
 STEPS = 5
 TIMED_PREFIXES = ("time/", "perf/")  # wall-time measurements
@@ -43,7 +45,7 @@ def test_single_process_recipe_equals_relax_train_bit_for_bit(ray_cluster, tmp_p
     ray_rows = [json.loads(line) for line in (tmp_path / "ray" / "metrics.jsonl").read_text().splitlines()]
     ray_weights = torch.load(checkpoint_path(tmp_path / "ray", STEPS), weights_only=False)["actor"]["backend"]["model"]
 
-    local = train_single_process(config)
+    local = train_single_process(attrs.evolve(config, output_dir=str(tmp_path / "local")))
 
     assert [r["step"] for r in ray_rows] == list(range(1, STEPS + 1))
     assert [_untimed(r) for r in local.rows] == [_untimed(r) for r in ray_rows]  # every metric, exactly
@@ -51,6 +53,26 @@ def test_single_process_recipe_equals_relax_train_bit_for_bit(ray_cluster, tmp_p
     assert local.weights.keys() == ray_weights.keys()
     for name, value in ray_weights.items():
         assert torch.equal(local.weights[name], value), name
+
+
+@pytest.mark.timeout(300)
+def test_single_process_hands_back_the_runs_rows_and_final_weights(tmp_path):
+    from relax.models.tiny.weights import load_warmup_model
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        result = train_single_process(attrs.evolve(_config("grpo", tmp_path), num_rollout=2))
+        assert torch.get_num_threads() == 2  # run() trains with one thread; the caller's setting comes back
+    finally:
+        torch.set_num_threads(threads)
+    assert result.rows == [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in result.rows] == [1, 2]
+    assert {"reward/correct/mean", "rollout/groups_kept", "time/step_s"} <= set(result.rows[-1])  # relax train's names
+    assert result.summary.steps_run == 2 and result.summary.checkpoint == str(checkpoint_path(tmp_path, 2))
+    initial = load_warmup_model().state_dict()
+    assert result.weights.keys() == initial.keys()
+    assert any(not torch.equal(result.weights[k], initial[k]) for k in initial)  # the two steps trained
 
 
 def test_single_process_refuses_what_only_the_runtime_runs(tmp_path):

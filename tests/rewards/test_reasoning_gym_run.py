@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.filterwarnings("ign
 
 @pytest.mark.timeout(420)
 def test_reasoning_gym_task_trains_and_evaluates(ray_cluster, tmp_path):
-    from relax.runtime.train import run
+    from relax.runtime.driver.train import run
 
     ckpt = build_answer_checkpoint(tmp_path / "tiny")
     out = tmp_path / "run"

@@ -91,7 +91,7 @@ def test_unknown_dataset_is_named():
 
 def test_rules_refuse_the_tiny_model_and_read_the_format_flags():
     from relax.algorithms import load_algorithm
-    from relax.runtime.validation import ConfigError, validate
+    from relax.runtime.checks.validation import ConfigError, validate
 
     grpo = load_algorithm("grpo")
     base = attrs.evolve(RunConfig(), task=TASK, algorithm=attrs.evolve(RunConfig().algorithm,

@@ -23,7 +23,8 @@ from relax.rollout.reward_scorers import (
 )
 from relax.rollout.reward_services import CombinedRewards, Service
 from relax.rollout.rewards import RewardError
-from relax.runtime.reward_services import service_gpus, service_metrics
+from relax.runtime.cluster.reward_services import service_gpus
+from relax.runtime.metrics.step_metrics import service_metrics
 
 SAMPLES = [("What is 1 + 2?", " 3", 3), ("Hi", " a much longer completion than the others", None),
            ("x", "", "gold"), ("Add 4 and 5.", " 9<eos>", 9)]
@@ -152,7 +153,7 @@ def test_step_metrics_count_a_batch_shared_by_two_workers_once():
 
 def test_the_replica_settings_follow_the_flags(tmp_path):
     from relax.config.run import RunConfig
-    from relax.runtime.reward_services import service_settings
+    from relax.runtime.cluster.reward_services import service_settings
 
     template = tmp_path / "t.txt"
     template.write_text("{prompt} {response}")
@@ -172,8 +173,8 @@ def test_the_default_gpu_request_shares_the_free_gpus():
 
 def test_the_call_before_training_names_the_service_that_fails(tmp_path):
     from relax.config.run import RunConfig
-    from relax.runtime.reward_services import RewardServices
-    from relax.runtime.waits import WorkerDied
+    from relax.runtime.cluster.reward_services import RewardServices
+    from relax.runtime.session.waits import WorkerDied
 
     services = RewardServices(RunConfig(reward_model_path="RM"), free_gpus=0.0)
     services.handles = {"reward_model": FakeHandle(fail_on="What is 2 + 3?")}

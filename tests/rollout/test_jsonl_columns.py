@@ -3,7 +3,7 @@ missing ``}``) says so, instead of "column 1" of the line after it."""
 
 from __future__ import annotations
 
-from relax.rollout.data import read_rows
+from relax.rollout.prompt_files import read_rows
 
 
 def _reasons(path):

@@ -50,7 +50,7 @@ def test_bf16_training_gives_a_bf16_engine(checkpoint):
 
 def test_the_memory_share_leaves_a_colocated_actor_its_room(checkpoint):
     default = config("--hf-checkpoint", checkpoint, "--rollout-engine", "vllm")
-    assert memory_share(default, 0.5) == SHARED_GPU_MEMORY_SHARE == 0.5  # one GPU, half each (relax.runtime.cluster)
+    assert memory_share(default, 0.5) == SHARED_GPU_MEMORY_SHARE == 0.5  # one GPU, half each (relax.runtime.cluster.cluster)
     assert memory_share(default, None) == SHARED_GPU_MEMORY_SHARE  # no Ray: one process holds all
     assert memory_share(default, 1.0) == OWN_GPU_MEMORY_SHARE == 0.9
     given = config("--hf-checkpoint", checkpoint, "--rollout-engine", "vllm", "--rollout-gpu-memory-utilization", "0.3")

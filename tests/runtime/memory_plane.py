@@ -1,5 +1,5 @@
-"""The in-memory data plane for tests of the roles' logic without Ray (relax.runtime.memory_plane)."""
+"""The in-memory data plane for tests of the roles' logic without Ray (relax.runtime.data.memory_plane)."""
 
-from relax.runtime.memory_plane import MemoryDataPlane
+from relax.runtime.data.memory_plane import MemoryDataPlane
 
 __all__ = ["MemoryDataPlane"]

@@ -6,7 +6,7 @@ import json
 
 import torch
 
-from relax.runtime.checkpoints import checkpoint_path
+from relax.runtime.files.checkpoint_files import checkpoint_path
 
 
 def metrics_rows(out) -> list[dict]:
@@ -15,7 +15,7 @@ def metrics_rows(out) -> list[dict]:
 
 def training_rows(out) -> list[dict]:
     """The rows of the training steps: every row but the evaluation before training (step 0), which
-    the embedded default logs (relax.runtime.evaluation)."""
+    the embedded default logs (relax.runtime.driver.evaluation)."""
     return [row for row in metrics_rows(out) if row["step"] > 0]
 
 

@@ -18,8 +18,8 @@ from run_results import training_rows as _rows
 
 from relax.algorithms import AlgorithmConfig
 from relax.config.run import RunConfig
-from relax.runtime.pipeline import rollout_version
-from relax.runtime.train import run, saves_at, submit_limit
+from relax.runtime.driver.pipeline import rollout_version
+from relax.runtime.driver.train import run, saves_at, submit_limit
 
 KEYS = ("correct", "digits", "format", "length")
 
@@ -82,8 +82,10 @@ def _numbers(row: dict, evaluation: bool = True) -> dict:
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("algo", ["grpo", "gdpo"])
 def test_max_staleness_0_reproduces_the_synchronous_run(algo, ray_cluster, tmp_path):
+    """... also when the asynchronous run's weights travel by broadcast (--weight-transport collective):
+    every rollout (rewards, evaluation) and the final weights equal the object store's bit for bit."""
     run(_config(algo, tmp_path / "sync"))
-    run(_config(algo, tmp_path / "async", fully_async=True, max_staleness=0))
+    run(_config(algo, tmp_path / "async", fully_async=True, max_staleness=0, weight_transport="collective"))
     sync, asyn = _rows(tmp_path / "sync"), _rows(tmp_path / "async")
     assert [_numbers(r) for r in asyn] == [_numbers(r) for r in sync]
     assert all(r["async/staleness_max"] == 0 for r in asyn if "async/staleness_max" in r)
@@ -120,9 +122,11 @@ def test_async_k1_with_two_workers_resumes_to_the_uninterrupted_weights(ray_clus
     assert [r["async/staleness_max"] for r in rows] == [0, 1, 1, 0, 1]
     assert [r["async/policy_version"] for r in rows] == [0, 0, 1, 3, 3]
     assert all(0 <= r["actor/off_policy_weight"] <= 2.0 for r in rows)  # the TIS cap
-    part = tmp_path / "part"
-    run(_config("gdpo", part, **{**settings_, "num_rollout": 3}))
-    run(_config("gdpo", part, **settings_, load=str(part)))
+    # the interrupted run sends its weights by broadcast (--weight-transport collective), the restored
+    # ones too: versions published ahead of the rollouts (K = 1), two receivers, the same numbers
+    part, collective = tmp_path / "part", {**settings_, "weight_transport": "collective"}
+    run(_config("gdpo", part, **{**collective, "num_rollout": 3}))
+    run(_config("gdpo", part, **collective, load=str(part)))
     assert [_numbers(r, evaluation=False) for r in _rows(part)] == [_numbers(r, evaluation=False) for r in rows]
     # both evaluated the final policy (version 5) identically: the resumed run restored the same weights
     assert _numbers(_rows(part)[-1]) == _numbers(rows[-1]) and rows[-1]["eval/policy_version"] == 5
@@ -149,7 +153,7 @@ def test_gdpo_fully_async_learns_the_embedded_default(ray_cluster, tmp_path):
 
 
 def test_a_checkpoint_of_another_rollout_worker_count_is_refused():
-    from relax.runtime.checkpoints import CheckpointError, check_checkpoint
+    from relax.runtime.files.checkpoint_files import CheckpointError, check_checkpoint
 
     state = {"step": 2, "advantage_estimator": "grpo", "critic": None, "backend": "torch",
              "actor": {"backend": {}}, "rollout": [{"prompts": {}}, {"prompts": {}}]}

@@ -1,4 +1,4 @@
-"""``relax.runtime.waits.BackgroundCall``: driver work off the critical path (dropping a finished
+"""``relax.runtime.session.waits.BackgroundCall``: driver work off the critical path (dropping a finished
 step from the data plane) that can neither hide an error, nor block the driver on a dead
 TransferQueue component, nor keep ``relax train`` from exiting when its call hangs."""
 
@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from relax.runtime import waits
+from relax.runtime.session import waits
 
 
 def test_calls_run_one_after_another_and_an_error_surfaces_at_the_next_wait():
@@ -45,7 +45,7 @@ def test_waiting_on_a_hung_call_stops_when_a_watched_component_died(monkeypatch)
 @pytest.mark.timeout(60)
 def test_a_hung_call_does_not_keep_the_process_from_exiting():
     # A thread pool's worker would be joined at exit and hang the process forever.
-    code = ("import threading\nfrom relax.runtime.waits import BackgroundCall\n"
+    code = ("import threading\nfrom relax.runtime.session.waits import BackgroundCall\n"
             "BackgroundCall('hanging').submit(threading.Event().wait)\nprint('done')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
     assert out.returncode == 0 and out.stdout.strip() == "done", out.stderr

@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from relax.runtime import cluster_session, kept_cluster
+from relax.runtime.cluster import kept_cluster
+from relax.runtime.session import cluster_session
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc"), reason="cluster ownership is read from /proc (Linux)")
 
@@ -147,3 +148,55 @@ def test_path_matching_for_unrecorded_nodes_is_by_path_not_by_prefix():
     assert kept_cluster._names_dir(b"x\0--session-dir=/tmp/rn_a/session_1\0", ["/tmp/rn_a/"])
     assert not kept_cluster._names_dir(b"raylet\0--temp_dir=/tmp/rn_ab\0", ["/tmp/rn_a"])
     assert not kept_cluster._names_dir(b"bash\0-c\0relax cluster down --temp-dir /tmp/rn_a; echo\0", ["/tmp/rn_a"])
+
+
+HEAD_FIRST_LEADER = """
+import subprocess, sys, time
+head = subprocess.Popen([sys.argv[1], "600"])  # a stand-in GCS: Ray's binary name, `sleep`'s code
+member = subprocess.Popen(["sleep", sys.argv[2]])
+print(head.pid, member.pid, flush=True)
+time.sleep(600)
+"""
+JOINED_RUN = """
+import os, sys, time
+log = open(os.path.join(sys.argv[1], "driver.log"), "w")  # as a joined driver holds its Ray log open
+head, member = int(sys.argv[2]), int(sys.argv[3])
+print("ready", flush=True)
+while os.path.exists(f"/proc/{head}") and open(f"/proc/{head}/stat").read().split(")")[1].split()[0] != "Z":
+    time.sleep(0.05)
+time.sleep(0.5)  # a run's watch takes a moment to see the address refuse
+print("member alive" if os.path.exists(f"/proc/{member}") else "member gone", flush=True)
+"""
+
+
+def test_down_stops_the_head_first_and_lets_a_joined_run_see_it_go(bystanders, tmp_path):
+    # Ray ends a joined driver without a word once its raylet is gone; relax's watch of the GCS address
+    # prints the line that names the cluster. So `down` stops the GCS, waits for the joined runs, then the rest.
+    temp_dir, naming, sibling = bystanders
+    gcs = tmp_path / "gcs_server"
+    shutil.copy(shutil.which("sleep"), gcs)
+    member_mark = _mark()
+    leader = subprocess.Popen([sys.executable, "-c", HEAD_FIRST_LEADER, str(gcs), member_mark],
+                              start_new_session=True, stdout=subprocess.PIPE, text=True)
+    run = None
+    try:
+        head_pid, member_pid = leader.stdout.readline().split()
+        anchors = {str(p): s for p, s in cluster_session.members(leader.pid).items()}
+        Path(temp_dir, kept_cluster.STATE_FILE).write_text(json.dumps(
+            {"address": "127.0.0.1:1", "temp_dir": temp_dir, "spares": 0, "session": leader.pid, "anchors": anchors}))
+        run = subprocess.Popen([sys.executable, "-c", JOINED_RUN, temp_dir, head_pid, member_pid],
+                               stdout=subprocess.PIPE, text=True)
+        assert run.stdout.readline().strip() == "ready"
+
+        down = _relax("cluster", "down", "--temp-dir", temp_dir)
+        assert f"1 run(s) on the cluster (pid {run.pid}): stopping its head first and waiting for them to end" in down.stderr, down.stderr
+        assert "cluster down (3 process(es) stopped)" in down.stderr, down.stderr
+        assert run.stdout.readline().strip() == "member alive"  # the rest outlived the head
+        assert run.wait(timeout=10) == 0  # the run is not the cluster's: it ended on its own
+        assert _sleepers(member_mark) == [] and _alive(naming) and _alive(sibling)
+    finally:
+        for proc in (leader, run):
+            if proc is not None and _alive(proc):
+                proc.kill()
+        for pid in _sleepers(member_mark):
+            os.kill(pid, 9)

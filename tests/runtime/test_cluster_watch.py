@@ -12,7 +12,7 @@ import threading
 import time
 from pathlib import Path
 
-from relax.runtime.cluster_watch import ClusterWatch, host_port
+from relax.runtime.session.cluster_watch import ClusterWatch, host_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -54,7 +54,7 @@ def test_a_stopped_watch_says_nothing_and_other_addresses_are_left_to_ray():
 def test_the_default_ends_the_process_with_one_error_line_and_exit_1():
     server = _listener()
     port = server.getsockname()[1]
-    script = ("import time\nfrom relax.runtime.cluster_watch import ClusterWatch\n"
+    script = ("import time\nfrom relax.runtime.session.cluster_watch import ClusterWatch\n"
               f"ClusterWatch('127.0.0.1:{port}', interval_s=0.1).start()\nprint('running', flush=True)\n"
               "time.sleep(30)\nprint('not reached')")
     proc = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE,

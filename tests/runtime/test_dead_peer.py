@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from relax.runtime import heartbeat, waits
+from relax.runtime.session import heartbeat, waits
 
 
 @pytest.mark.ray

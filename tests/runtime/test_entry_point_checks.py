@@ -6,17 +6,17 @@ from __future__ import annotations
 import pytest
 
 from relax.algorithms import AlgorithmConfig
-from relax.runtime.checkpoints import CheckpointError, algorithm_settings, check_checkpoint
 from relax.config.run import RunConfig
-from relax.runtime.train import run
-from relax.runtime.validation import ConfigError
+from relax.runtime.checks.validation import ConfigError
+from relax.runtime.driver.train import run
+from relax.runtime.files.checkpoint_files import CheckpointError, algorithm_settings, check_checkpoint
 
 KEYS = ("correct", "format")
 
 
 def test_run_from_python_refuses_what_relax_train_refuses(tmp_path):
     # (reward_keys left at ("reward",) would get the built-in task's four components, as relax train gives
-    # them: relax.runtime.entry; one named component is refused)
+    # them: relax.runtime.checks.entry; one named component is refused)
     config = RunConfig(advantage_estimator="gdpo", algorithm=AlgorithmConfig(reward_keys=("correct",)),
                        output_dir=str(tmp_path / "never"))
     with pytest.raises(ConfigError, match=r"GDPO \(--advantage-estimator gdpo\) needs at least two reward keys"):
@@ -60,7 +60,7 @@ def test_resume_warns_about_changed_hyperparameters():
 
 def test_dynamic_sampling_and_hook_rules():
     from relax.algorithms import get_algorithm
-    from relax.runtime.validation import validate
+    from relax.runtime.checks.validation import validate
 
     grpo, ppo = get_algorithm("grpo"), get_algorithm("ppo")
     with pytest.raises(ConfigError, match=r"--custom-reward-post-process-path m:f replaces the reward stage, so "

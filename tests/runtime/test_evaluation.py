@@ -1,4 +1,4 @@
-"""Evaluation during training (relax.runtime.evaluation, docs/en/evaluation.md).
+"""Evaluation during training (relax.runtime.driver.evaluation, docs/en/evaluation.md).
 
 Without Ray: the built-in task's held-out split (fixed, disjoint from the training stream), the
 evaluation flags' errors and warnings (shared by ``relax train`` and ``run(config)``), the evaluation
@@ -23,6 +23,7 @@ import torch
 from run_results import assert_same_weights, checkpoint_weights, metrics_rows
 
 from relax.algorithms import AlgorithmConfig, load_algorithm
+from relax.config.run import RunConfig
 from relax.rollout.factory import build_eval_prompts, evaluation_source, reward_setup
 from relax.rollout.tasks import get_task
 from relax.rollout.tasks.addition import (
@@ -32,9 +33,9 @@ from relax.rollout.tasks.addition import (
     greedy_accuracy,
     held_out_problems,
 )
-from relax.config.run import RunConfig
-from relax.runtime.evaluation import pass_at_k, sample_eval_slice
-from relax.runtime.validation import ConfigError, validate
+from relax.runtime.checks.validation import ConfigError, validate
+from relax.runtime.driver.evaluation import pass_at_k
+from relax.runtime.step.eval_sampling import sample_eval_slice
 
 KEYS = ("correct", "digits", "format", "length")
 GRPO = load_algorithm("grpo")
@@ -216,7 +217,7 @@ def _training(row):
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_embedded_default_evaluates_before_every_interval_and_after_with_two_workers(ray_cluster, tmp_path):
-    from relax.runtime.train import run
+    from relax.runtime.driver.train import run
 
     out = tmp_path / "run"
     # --eval-top-p through run(): at temperature 1, a nucleus this small keeps only the most likely
@@ -249,7 +250,7 @@ def test_embedded_default_evaluates_before_every_interval_and_after_with_two_wor
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_evaluation_does_not_change_asynchronous_training(ray_cluster, tmp_path):
-    from relax.runtime.train import run
+    from relax.runtime.driver.train import run
 
     common = {"fully_async": True, "max_staleness": 1, "rollout_num_workers": 2, "save_interval": 4}
     with_eval = run(_config(tmp_path / "eval", eval_interval=1, **common))
@@ -268,7 +269,7 @@ def test_evaluation_does_not_change_asynchronous_training(ray_cluster, tmp_path)
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_an_evaluation_file_with_its_own_keys_gives_pass_at_k(ray_cluster, tmp_path):
-    from relax.runtime.train import run
+    from relax.runtime.driver.train import run
 
     problems = [(1, 2), (4, 4), (7, 5), (9, 9), (0, 3)]
     data = _write(tmp_path / "eval.jsonl", [{"question": f"<bos>{a}+{b}=", "answer": a + b} for a, b in problems])
@@ -302,7 +303,7 @@ def test_a_hugging_face_run_evaluates_a_file_with_a_custom_reward_and_pass_thres
     from pathlib import Path
 
     from relax.models.hf.tiny_random import build_tiny_random_checkpoint
-    from relax.runtime.train import run
+    from relax.runtime.driver.train import run
 
     shutil.copy(Path(__file__).parents[1] / "hf" / "toy_reward.py", ray_cluster / "toy_reward.py")
     monkeypatch.chdir(ray_cluster)

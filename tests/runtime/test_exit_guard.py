@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _run(tmp_path, body: str) -> subprocess.CompletedProcess:
     (tmp_path / "user_exits.py").write_text("import os\n\ndef reward(*args):\n    os._exit(3)\n")
-    script = "from relax.runtime.exit_guard import guard_os_exit\nguard_os_exit()\n" + body
+    script = "from relax.runtime.step.exit_guard import guard_os_exit\nguard_os_exit()\n" + body
     return subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=60,
                           env={"PYTHONPATH": f"{ROOT}:{tmp_path}"})
 
@@ -35,7 +35,7 @@ def test_the_rollout_installs_it():
     import os
 
     from relax.config.run import RunConfig
-    from relax.runtime.rollout_worker import RolloutCore
+    from relax.runtime.step.rollout_worker import RolloutCore
 
     RolloutCore(RunConfig(), "grpo")
     assert getattr(os._exit, "relax_guard", False)

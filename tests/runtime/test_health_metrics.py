@@ -11,14 +11,14 @@ import torch
 from memory_plane import MemoryDataPlane
 
 from relax.algorithms import AlgorithmConfig
+from relax.config.run import RunConfig
 from relax.models.tiny.model import TinyCausalLM
 from relax.models.tiny.weights import load_warmup_model
-from relax.runtime.actor_metrics import policy_health_shares
-from relax.runtime.actor_worker import ActorCore
-from relax.config.run import RunConfig
-from relax.runtime.fields import BATCH_FIELDS, token_batch
-from relax.runtime.rollout_worker import RolloutCore
-from relax.runtime.schedule import plan_step, segment_slices
+from relax.runtime.metrics.actor_metrics import policy_health_shares
+from relax.runtime.step.actor_worker import ActorCore
+from relax.runtime.step.fields import BATCH_FIELDS, token_batch
+from relax.runtime.step.rollout_worker import RolloutCore
+from relax.runtime.step.schedule import plan_step, segment_slices
 
 KEYS = ("correct", "digits", "format", "length")
 

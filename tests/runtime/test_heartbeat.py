@@ -23,13 +23,13 @@ from pathlib import Path
 
 import pytest
 
-from relax.runtime import heartbeat, reaper, waits
+from relax.runtime.session import heartbeat, reaper, waits
 
 needs_proc = pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc (Linux)")
 
 
 def _alive(pid: int) -> bool:
-    """Whether ``pid`` exists and is not a zombie (independent of relax.runtime.reaper)."""
+    """Whether ``pid`` exists and is not a zombie (independent of relax.runtime.session.reaper)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
@@ -61,8 +61,8 @@ def test_where_names_the_relax_method_a_thread_is_in():
     try:
         # the test thread itself is in test code, which is user code (not a library): it is named
         assert "test_where_names_the_relax_method_a_thread_is_in" in heartbeat.where(threading.get_ident())
-        assert "bounded" in heartbeat.where(thread.ident)  # relax/runtime/waits.py, joining its helper
-        assert "relax/runtime/waits.py:" in heartbeat.where(thread.ident)
+        assert "bounded" in heartbeat.where(thread.ident)  # relax/runtime/session/waits.py, joining its helper
+        assert "relax/runtime/session/waits.py:" in heartbeat.where(thread.ident)
     finally:
         release.set()
         thread.join(5)
@@ -144,7 +144,7 @@ def test_the_reaper_finds_and_kills_the_ray_processes_below_a_process_only():
 FAKE_DRIVER = textwrap.dedent(
     f"""
     import subprocess, sys, time
-    from relax.runtime.reaper import Watchdog
+    from relax.runtime.session.reaper import Watchdog
     watchdog = Watchdog()
     middle = subprocess.Popen([sys.executable, "-c",
         "import subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', {FAKE_RAY!r}, 'ray::FakeWorker']);"

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from relax.algorithms import AlgorithmConfig
-from relax.runtime.checkpoints import checkpoint_path
 from relax.config.run import RunConfig
-from relax.runtime.train import run
+from relax.runtime.driver.train import run
+from relax.runtime.files.checkpoint_files import checkpoint_path
 
 pytestmark = [pytest.mark.ray, pytest.mark.filterwarnings("ignore")]
 

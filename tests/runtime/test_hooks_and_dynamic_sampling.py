@@ -14,10 +14,10 @@ import torch
 from memory_plane import MemoryDataPlane
 
 from relax.algorithms import AlgorithmConfig
-from relax.rollout.hooks import HookError
 from relax.config.run import RunConfig
-from relax.runtime.rollout_worker import RolloutCore
-from relax.runtime.rollouts import rollout_metrics
+from relax.rollout.hooks import HookError
+from relax.runtime.step.rollout_worker import RolloutCore
+from relax.runtime.step.rollouts import rollout_metrics
 
 KEYS = ("correct", "digits", "format", "length")
 
@@ -185,7 +185,7 @@ def test_a_hook_that_never_returns_or_exits_is_named_with_its_step_and_flag(hook
 
 def test_run_in_process_ends_naming_a_hook_past_its_hook_timeout(hooks, tmp_path):
     # --hook-timeout through run() (the API relax train calls), on the quick in-process runtime.
-    from relax.runtime.train import run
+    from relax.runtime.driver.train import run
 
     config = RunConfig(in_process=True, num_rollout=2, rollout_batch_size=4, progress=False, hook_timeout=1.0,
                        dynamic_sampling_filter_path=f"{hooks}:hangs", output_dir=str(tmp_path / "out"))
@@ -243,7 +243,7 @@ def test_default_is_one_round_and_unchanged(hooks):
 
 @pytest.mark.parametrize("kind", ["k1", "k2", "k3", "low_var_kl"])
 def test_reward_side_kl_uses_kl_loss_type(kind):
-    from relax.runtime.actor_worker import ActorCore
+    from relax.runtime.step.actor_worker import ActorCore
 
     old = torch.tensor([[-1.0, -2.0, -0.5]])
     ref = torch.tensor([[-1.5, -1.0, -0.5]])

@@ -1,4 +1,4 @@
-"""``relax train --in-process`` (relax.runtime.local_runtime): the driver's own loop with the roles in
+"""``relax train --in-process`` (relax.runtime.cluster.local_runtime): the driver's own loop with the roles in
 its process gives exactly the Ray path's numbers — every metric of every step, the held-out
 evaluations and the final weights — resumes from its checkpoints as the Ray path does, and refuses,
 naming the flag, what only Ray runs."""
@@ -17,9 +17,9 @@ from relax.algorithms import load_algorithm
 from relax.config.algorithm import AlgorithmConfig
 from relax.config.run import RunConfig
 from relax.rollout.tasks import get_task
-from relax.runtime.checkpoints import checkpoint_path
-from relax.runtime.train import run
-from relax.runtime.validation import ConfigError, validate
+from relax.runtime.checks.validation import validate
+from relax.runtime.driver.train import run
+from relax.runtime.files.checkpoint_files import checkpoint_path
 from tests.runtime.run_results import assert_same_weights, checkpoint_weights, metrics_rows
 
 TIMED_PREFIXES = ("time/", "perf/")  # wall-time measurements
@@ -104,7 +104,7 @@ def test_relax_train_in_process_refuses_what_needs_ray_before_it_starts(tmp_path
     ({"rollout_engine": "vllm"}, "--rollout-engine vllm"),
 ])
 def test_in_process_refusals_name_the_flag(tmp_path, changes, named):
-    from relax.runtime.in_process_rules import check_in_process
+    from relax.runtime.checks.in_process_rules import check_in_process
 
     config = attrs.evolve(_config(tmp_path), in_process=True, **changes)
     errors: list[str] = []

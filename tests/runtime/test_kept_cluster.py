@@ -112,8 +112,8 @@ def _wait_for_a_step(run: subprocess.Popen, metrics: Path, timeout: float = 400)
 def test_up_again_is_already_up_and_down_stops_every_process_of_its_session_and_only_those(kept_cluster, tmp_path):
     # Last in this module: it takes the module's cluster down (the fixture's own `down` then finds none),
     # while a run is training on it: that run ends with one line naming the cluster.
-    from relax.runtime import cluster_session
-    from relax.runtime.kept_cluster import STATE_FILE
+    from relax.runtime.cluster.kept_cluster import STATE_FILE
+    from relax.runtime.session import cluster_session
 
     address, temp_dir = kept_cluster
     again = _relax("cluster", "up", "--temp-dir", temp_dir, "--port", address.rsplit(":", 1)[1])

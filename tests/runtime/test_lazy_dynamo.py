@@ -1,4 +1,4 @@
-"""TransferQueue imported without torch._dynamo (relax.runtime.lazy_dynamo), and nothing lost:
+"""TransferQueue imported without torch._dynamo (relax.runtime.data.lazy_dynamo), and nothing lost:
 tensordict's registrations are made once torch._dynamo is imported."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 
 CHECK = """
 import sys
-from relax.runtime import lazy_dynamo
+from relax.runtime.data import lazy_dynamo
 lazy_dynamo.install()
 import transfer_queue  # imports tensordict
 assert "torch._dynamo" not in sys.modules, "transfer_queue's import pulled in torch._dynamo"

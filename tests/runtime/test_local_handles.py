@@ -10,8 +10,8 @@ import signal
 
 import pytest
 
-from relax.runtime.local_handles import LocalHandle, LocalQueue, LocalRef
-from relax.runtime.waits import WorkerDied, get
+from relax.runtime.session.local_handles import LocalHandle, LocalQueue, LocalRef
+from relax.runtime.session.waits import WorkerDied, get
 
 
 class _Worker:
@@ -62,7 +62,18 @@ def test_a_failed_call_fails_its_dependants_and_is_reported_like_a_worker_failur
         get(failed, "rollout")
 
 
-def test_a_signal_during_a_call_is_delivered_after_the_call_returns():
+@pytest.fixture
+def python_sigint():
+    """SIGINT as a fresh Python process has it (``default_int_handler``, not blocked), whatever the test
+    process's earlier tests or libraries left; put back afterwards."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    blocked = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    yield
+    signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_a_signal_during_a_call_is_delivered_after_the_call_returns(python_sigint):
     log, queue = [], LocalQueue()
     worker = LocalHandle(_Worker(log), queue)
     ref = worker.signal_me.remote()

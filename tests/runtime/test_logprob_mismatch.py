@@ -10,7 +10,7 @@ import torch
 from relax.config.algorithm import AlgorithmConfig
 from relax.config.run import RunConfig
 from relax.rollout.engines import carries_behaviour_log_probs, config_errors, engine_name
-from relax.runtime.actor_metrics import combine_actor_metrics, logged_name, policy_health_shares
+from relax.runtime.metrics.actor_metrics import combine_actor_metrics, logged_name, policy_health_shares
 
 
 def test_the_share_by_hand():

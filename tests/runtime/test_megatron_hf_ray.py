@@ -20,8 +20,8 @@ import textwrap
 import pytest
 import torch
 
-from relax.runtime.checkpoints import checkpoint_path
-from relax.runtime.train import run
+from relax.runtime.driver.train import run
+from relax.runtime.files.checkpoint_files import checkpoint_path
 
 pytestmark = [
     pytest.mark.megatron,
@@ -175,8 +175,7 @@ def test_zero_steps_export_the_loaded_checkpoint_exactly(setup, tmp_path):
     runs (and the run ends with RunFailed). The checkpoint saved after the step, gathered over two tensor-parallel ranks and written in
     Hugging Face format, is the loaded one bit for bit and loads with transformers."""
     from relax.models.hf import load_hf_model
-
-    from relax.runtime.run_errors import RunFailed
+    from relax.runtime.files.run_errors import RunFailed
 
     ckpt, config = setup
     out = tmp_path / "zero"

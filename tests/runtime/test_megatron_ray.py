@@ -13,8 +13,8 @@ import json
 import pytest
 import torch
 
-from relax.runtime.checkpoints import checkpoint_path
-from relax.runtime.train import run
+from relax.runtime.driver.train import run
+from relax.runtime.files.checkpoint_files import checkpoint_path
 
 pytestmark = [
     pytest.mark.megatron,

@@ -1,11 +1,11 @@
-"""relax.runtime.actor_metrics.combine_actor_metrics: shares summed over data-parallel ranks per
+"""relax.runtime.metrics.actor_metrics.combine_actor_metrics: shares summed over data-parallel ranks per
 optimizer step, replicated metrics taken once, then the mean over the optimizer steps."""
 
 from __future__ import annotations
 
 import pytest
 
-from relax.runtime.actor_metrics import combine_actor_metrics
+from relax.runtime.metrics.actor_metrics import combine_actor_metrics
 
 
 def test_shares_are_summed_over_ranks_and_averaged_over_steps():

@@ -1,4 +1,4 @@
-"""``--max-tokens-per-micro-batch`` through ``relax.runtime.train.run``: the actor's optimizer steps run
+"""``--max-tokens-per-micro-batch`` through ``relax.runtime.driver.train.run``: the actor's optimizer steps run
 on packed micro-batches (the metrics count them and the tokens computed), and one rollout with a KL
 loss (the reference model's pass packed too) trains to the padded run's losses, KL and gradient
 norms, to float rounding."""
@@ -10,7 +10,7 @@ from run_results import training_rows
 
 from relax.algorithms import AlgorithmConfig
 from relax.config.run import RunConfig
-from relax.runtime.train import run
+from relax.runtime.driver.train import run
 
 KEYS = ("correct", "digits", "format", "length")
 

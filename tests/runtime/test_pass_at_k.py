@@ -9,8 +9,9 @@ import torch
 
 from relax.algorithms import AlgorithmConfig
 from relax.config.run import RunConfig
-from relax.runtime.evaluation import eval_metrics, pass_at_k, pass_component, slice_bounds
-from relax.runtime.metrics import EVAL_COMPLETIONS_KEY
+from relax.runtime.driver.evaluation import eval_metrics, pass_at_k
+from relax.runtime.metrics.step_metrics import EVAL_COMPLETIONS_KEY
+from relax.runtime.step.eval_sampling import pass_component, slice_bounds
 
 
 @pytest.mark.parametrize(
@@ -99,7 +100,7 @@ def test_one_sample_per_prompt_logs_only_pass_at_1():
 
 
 def test_the_summary_names_what_was_measured():
-    from relax.runtime.evaluation import describe_eval_set
+    from relax.runtime.driver.evaluation import describe_eval_set
 
     config = RunConfig(algorithm=AlgorithmConfig(reward_keys=("correct", "digits"), reward_weights=(1.0, 1.0)))
     assert describe_eval_set(config, "held-out", 20) == "held-out accuracy (correct, greedy, 20 problems)"

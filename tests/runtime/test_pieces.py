@@ -9,17 +9,18 @@ import pytest
 import torch
 from memory_plane import MemoryDataPlane
 
-import relax.backends.megatron as megatron_pkg
+import relax.backends.megatron.rules as megatron_pkg
 from relax.algorithms import AlgorithmConfig, get_algorithm
-from relax.runtime.actor_worker import ActorCore
-from relax.runtime.advantages import AdvantagesCore
 from relax.config.run import RunConfig
-from relax.runtime.data_plane import _densify, group_rows
-from relax.runtime.metrics import MetricsLog, reward_metrics, summary_table
-from relax.runtime.rollout_worker import RolloutCore, filter_groups
-from relax.runtime.rollouts import rollout_metrics
-from relax.runtime.sampler import GROUP_SIZE, GROUP_UID, SAMPLE_INDEX, PromptGroupSampler, select_groups
-from relax.runtime.schedule import plan_step
+from relax.runtime.data.data_plane import _densify, group_rows
+from relax.runtime.data.sampler import GROUP_SIZE, GROUP_UID, SAMPLE_INDEX, PromptGroupSampler, select_groups
+from relax.runtime.files.metrics_log import MetricsLog, summary_table
+from relax.runtime.metrics.step_metrics import reward_metrics
+from relax.runtime.step.actor_worker import ActorCore
+from relax.runtime.step.advantages import AdvantagesCore
+from relax.runtime.step.rollout_worker import RolloutCore, filter_groups
+from relax.runtime.step.rollouts import rollout_metrics
+from relax.runtime.step.schedule import plan_step
 
 KEYS = ("correct", "digits", "format", "length")
 
@@ -264,7 +265,7 @@ def _state_of(backend: str) -> dict:
 
 def test_a_checkpoint_of_the_other_backend_is_refused_naming_the_flags():
     from relax.backends.registry import checkpoint_backend
-    from relax.runtime.checkpoints import check_checkpoint
+    from relax.runtime.files.checkpoint_files import check_checkpoint
 
     megatron = RunConfig(advantage_estimator="gdpo", backend="megatron")
     assert checkpoint_backend(_state_of("torch")) == "torch"  # older checkpoints: by their layout
@@ -279,7 +280,7 @@ def test_a_checkpoint_of_the_other_backend_is_refused_naming_the_flags():
 
 
 def test_hf_checkpoint_with_megatron_is_a_configuration_error(monkeypatch, tmp_path):
-    from relax.runtime import validation
+    from relax.runtime.checks import validation
 
     monkeypatch.setattr(megatron_pkg, "megatron_installed", lambda: True)
     algo = get_algorithm("gdpo")
@@ -295,7 +296,7 @@ def test_hf_checkpoint_with_megatron_is_a_configuration_error(monkeypatch, tmp_p
 
 
 def test_gpu_requests():
-    from relax.runtime.cluster import gpu_requests
+    from relax.runtime.cluster.cluster import gpu_requests
 
     assert gpu_requests(0, 1) == (0.0, 0.0)
     assert gpu_requests(1, 1) == (0.5, 0.5)  # one actor rank shares the GPU with the rollout
@@ -332,7 +333,7 @@ def test_a_serve_that_cannot_be_imported_says_why(monkeypatch):
 
     import ray
 
-    from relax.runtime.cluster import Runtime
+    from relax.runtime.cluster.cluster import Runtime
 
     runtime = Runtime.__new__(Runtime)  # only the deployment thread's body is under test
     runtime._serve_error = "unknown error"

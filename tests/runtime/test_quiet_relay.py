@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 
-from relax.runtime.ray_session import RELAYED_NOISE, _DropNoise
+from relax.runtime.session.ray_session import RELAYED_NOISE, _DropNoise
 
 SERVE_SCHEDULING = (
     "WARNING 2026-12-01 21:11:40,409 controller 32547 -- Deployment 'advantages' in application "

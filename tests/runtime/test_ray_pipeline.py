@@ -17,13 +17,13 @@ from run_results import checkpoint_weights as _weights
 from run_results import training_rows as _rows
 
 from relax.algorithms import AlgorithmConfig
-from relax.runtime.actor_worker import ActorCore
-from relax.runtime.advantages import AdvantagesCore
-from relax.runtime.checkpoints import checkpoint_path
 from relax.config.run import RunConfig
-from relax.runtime.rollout_worker import RolloutCore
-from relax.runtime.schedule import plan_step
-from relax.runtime.train import run
+from relax.runtime.driver.train import run
+from relax.runtime.files.checkpoint_files import checkpoint_path
+from relax.runtime.step.actor_worker import ActorCore
+from relax.runtime.step.advantages import AdvantagesCore
+from relax.runtime.step.rollout_worker import RolloutCore
+from relax.runtime.step.schedule import plan_step
 
 pytestmark = [pytest.mark.ray, pytest.mark.filterwarnings("ignore")]
 
@@ -58,7 +58,7 @@ def _check_rows(rows, steps, extra=()):
 
 @pytest.mark.timeout(120)
 def test_transferqueue_data_plane_keeps_groups_whole(ray_cluster):
-    from relax.runtime.data_plane import TransferQueueDataPlane
+    from relax.runtime.data.data_plane import TransferQueueDataPlane
 
     plane = TransferQueueDataPlane().start()  # joins the session's TransferQueue
     step = 987654
@@ -180,7 +180,7 @@ def test_gdpo_with_two_data_parallel_actor_workers(ray_cluster, tmp_path):
     metrics, _ = actor.train(1, plan)
     assert rows[0]["rollout/groups_kept"] == plan.num_groups
     assert rows[0]["actor/grad_norm"] == pytest.approx(metrics["actor/grad_norm"], rel=1e-4)
-    # The logged loss metrics are the sums of the two ranks' shares (relax.runtime.actor_metrics),
+    # The logged loss metrics are the sums of the two ranks' shares (relax.runtime.metrics.actor_metrics),
     # i.e. the single process's values, not rank 0's half.
     for key in ("actor/loss", "actor/pg_loss", "actor/ppo_kl", "actor/pg_clipfrac", "actor/policy_entropy"):
         assert rows[0][key] == pytest.approx(metrics[key], rel=1e-4, abs=1e-7), key
@@ -216,7 +216,7 @@ def test_all_groups_dropped_still_logs_and_a_failing_reward_stops_the_run_clearl
         rollout_batch_size=4, num_steps_per_rollout=2, num_rollout=2, seed=3,
         custom_rm_path="my_relax_rewards:flaky", output_dir=str(out), progress=False,
     )
-    from relax.runtime.waits import WorkerDied
+    from relax.runtime.session.waits import WorkerDied
 
     with pytest.raises(WorkerDied, match=r"rollout.*sample 0.*judge unavailable"):
         run(cfg)

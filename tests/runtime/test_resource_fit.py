@@ -8,14 +8,14 @@ from __future__ import annotations
 import pytest
 
 from relax.config.run import RunConfig
-from relax.runtime import resource_fit
+from relax.runtime.checks import resource_fit
 
 SERVICES = {"reward_model_path": "rm", "judge_model_path": "judge", "judge_template": "t.txt"}
 
 
 def test_the_counted_requests_are_the_ones_the_roles_make():
-    from relax.runtime.advantages import DEPLOYMENT_OPTIONS
-    from relax.runtime.ray_session import WORKER_CPUS
+    from relax.runtime.session.deployments import DEPLOYMENT_OPTIONS
+    from relax.runtime.session.ray_session import WORKER_CPUS
 
     assert DEPLOYMENT_OPTIONS["ray_actor_options"]["num_cpus"] == resource_fit.ADVANTAGES_CPUS
     assert WORKER_CPUS == resource_fit.WORKER_CPUS
@@ -35,7 +35,7 @@ def test_the_requests_add_up_by_hand():
 def test_a_runs_own_ray_gets_the_cpus_its_requests_add_up_to(monkeypatch):
     import ray
 
-    from relax.runtime import ray_session
+    from relax.runtime.session import ray_session
 
     seen = {}
 
@@ -62,8 +62,8 @@ def test_a_runs_own_ray_gets_the_cpus_its_requests_add_up_to(monkeypatch):
 def test_a_joined_cluster_too_small_for_the_services_is_refused_naming_flags_and_free_resources(monkeypatch):
     import ray
 
-    from relax.runtime.reward_services import RewardServices
-    from relax.runtime.waits import WorkerDied
+    from relax.runtime.cluster.reward_services import RewardServices
+    from relax.runtime.session.waits import WorkerDied
 
     config = RunConfig(**SERVICES, ray_address="127.0.0.1:6380")
     monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 2.0})

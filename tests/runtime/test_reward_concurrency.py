@@ -9,9 +9,9 @@ import threading
 import pytest
 
 from relax.algorithms import AlgorithmConfig
-from relax.rollout.rewards import RewardError, call_reward_function
 from relax.config.run import RunConfig
-from relax.runtime.train import run
+from relax.rollout.rewards import RewardError, call_reward_function
+from relax.runtime.driver.train import run
 
 # A judge that only answers when four calls are waiting at once: it can pass only if the calls overlap.
 JUDGE = textwrap.dedent('''

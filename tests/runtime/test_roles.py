@@ -7,8 +7,8 @@ import torch
 
 from relax.algorithms import BUILTIN_ALGORITHMS, AlgorithmConfig
 from relax.algorithms.grpo import GRPO
-from relax.runtime import roles as R
 from relax.config.run import RunConfig
+from relax.runtime.checks import roles as R
 
 KEYS = ("correct", "format")
 

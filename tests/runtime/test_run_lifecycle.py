@@ -22,10 +22,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from relax.rollout.rewards import RewardError, call_reward_function, function_name, with_timeout
-from relax.runtime.checkpoints import prune_checkpoints
 from relax.config.run import RunConfig
-from relax.runtime.train import saves_at, submit_limit
+from relax.rollout.rewards import RewardError, call_reward_function, function_name, with_timeout
+from relax.runtime.driver.train import saves_at, submit_limit
+from relax.runtime.files.checkpoint_files import prune_checkpoints
 
 # -- which steps are saved ----------------------------------------------------------------------------
 
@@ -115,7 +115,7 @@ def test_an_async_reward_over_the_timeout():
 def test_a_dead_watched_component_fails_the_drivers_wait(ray_cluster):
     import ray
 
-    from relax.runtime import waits
+    from relax.runtime.session import waits
 
     @ray.remote(num_cpus=0)
     class Component:

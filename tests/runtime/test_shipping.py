@@ -12,7 +12,7 @@ import attrs
 import pytest
 
 from relax.config.run import RunConfig
-from relax.runtime import ray_session, shipping
+from relax.runtime.session import ray_session, shipping
 
 
 @pytest.fixture
@@ -45,7 +45,7 @@ def test_relax_and_installed_packages_are_never_shipped(user_dir):
     builtin = RunConfig(ray_address="auto", custom_rm_path="relax.rollout.rewards:call_reward_function",
                         custom_reward_post_process_path="yaml:safe_load")
     assert shipping.user_modules(builtin) == {}
-    # nothing shipped at all: the environment and relax's import hook (relax.runtime.lazy_dynamo) only
+    # nothing shipped at all: the environment and relax's import hook (relax.runtime.data.lazy_dynamo) only
     assert set(ray_session._runtime_env(builtin)) == {"env_vars", "worker_process_setup_hook"}
 
 
@@ -79,7 +79,7 @@ def test_a_working_dir_excludes_the_output_dir_and_rays_temp_dir(user_dir, monke
 def test_a_local_cluster_gets_the_directory_on_its_path_and_ships_nothing(user_dir):
     env = ray_session._runtime_env(RunConfig(custom_rm_path="my_judge:judge"))
     assert set(env) == {"env_vars", "worker_process_setup_hook"}
-    assert env["worker_process_setup_hook"] == "relax.runtime.lazy_dynamo.install"
+    assert env["worker_process_setup_hook"] == "relax.runtime.data.lazy_dynamo.install"
     assert env["env_vars"]["PYTHONPATH"].split(os.pathsep)[0] == str(user_dir)
 
 

@@ -21,14 +21,13 @@ import pytest
 import torch
 
 from relax.algorithms import AlgorithmConfig, get_algorithm
-from relax.runtime import trackers as T
 from relax.config.run import RunConfig
-from relax.runtime.metrics import (
+from relax.runtime.files import trackers as T
+from relax.runtime.files.metrics_log import MetricsLog, progress_line
+from relax.runtime.metrics.step_metrics import (
     COMPLETIONS_KEY,
-    MetricsLog,
     combined_reward_metrics,
     completion_records,
-    progress_line,
     response_metrics,
     response_stats,
     reward_metrics,

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from relax.runtime.kept_cluster import stop_processes
+from relax.runtime.cluster.kept_cluster import stop_processes
 
 pytestmark = [
     pytest.mark.multinode,

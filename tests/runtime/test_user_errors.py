@@ -10,7 +10,7 @@ import textwrap
 import pytest
 
 from relax.rollout.rewards import RewardError, call_reward_function, load_reward_function
-from relax.runtime.user_errors import (
+from relax.runtime.files.user_errors import (
     TRACEBACK_NAME,
     describe,
     find_user_failure,
@@ -18,7 +18,7 @@ from relax.runtime.user_errors import (
     is_user_file,
     report,
 )
-from relax.runtime.waits import WorkerDied
+from relax.runtime.session.waits import WorkerDied
 
 BUGGY = textwrap.dedent(
     """
@@ -55,8 +55,9 @@ def _failure_through_relax(buggy_path):
 
 
 def test_only_files_outside_relax_and_the_installed_packages_are_the_users(buggy):
-    import relax.runtime.train as train_module
     import torch
+
+    import relax.runtime.driver.train as train_module
 
     assert is_user_file(str(buggy))
     assert not is_user_file(train_module.__file__) and not is_user_file(torch.__file__)
@@ -92,7 +93,7 @@ def test_report_writes_the_full_traceback_and_a_few_lines_naming_step_and_file(b
 # A traceback as Ray hands it to the driver (RayTaskError's text; the colour codes are Ray's).
 RAY_TEXT = """\
 Traceback (most recent call last):
-  File "{relax}/runtime/waits.py", line 150, in get
+  File "{relax}/runtime/session/waits.py", line 150, in get
     return ray.get(refs, timeout=timeout)
 ray.exceptions.RayTaskError(RewardError): \x1b[36mray::RolloutWorker.step()\x1b[39m (pid=4335, ip=10.0.0.1, actor_id=2010)
   File "{relax}/rollout/rewards.py", line 224, in call
@@ -143,7 +144,7 @@ def test_a_failure_inside_relax_names_relaxs_frames_not_your_code():
 # As the H200 run printed it: Ray installed with pip --target into a directory on PYTHONPATH (no
 # "site-packages" in its path), the device error raised in relax's numerics inside the actor.
 GPU_TEXT = """Traceback (most recent call last):
-  File "{relax}/runtime/waits.py", line 150, in get
+  File "{relax}/runtime/session/waits.py", line 150, in get
     return ray.get(refs, timeout=timeout)
   File "{site}/ray/_private/worker.py", line 2961, in get
     raise value.as_instanceof_cause()
@@ -158,7 +159,7 @@ RuntimeError: Expected all tensors to be on the same device, but found at least 
 
 def test_packages_installed_into_a_pythonpath_directory_are_not_the_users(tmp_path, monkeypatch):
     import relax
-    from relax.runtime import user_errors
+    from relax.runtime.files import user_errors
 
     site = tmp_path / "site"
     (site / "ray" / "_private").mkdir(parents=True)
@@ -181,8 +182,8 @@ def test_packages_installed_into_a_pythonpath_directory_are_not_the_users(tmp_pa
 def test_relaxs_own_error_in_the_driver_gets_no_details():
     import relax
 
-    text = (f'Traceback (most recent call last):\n  File "{relax.__path__[0]}/runtime/waits.py", line 150, in get\n'
-            f'    raise WorkerDied("the rollout worker died")\nrelax.runtime.waits.WorkerDied: the rollout worker died\n')
+    text = (f'Traceback (most recent call last):\n  File "{relax.__path__[0]}/runtime/session/waits.py", line 150, in get\n'
+            f'    raise WorkerDied("the rollout worker died")\nrelax.runtime.session.waits.WorkerDied: the rollout worker died\n')
     assert describe(text, 2, None) is None  # its message already says what happened
 
 

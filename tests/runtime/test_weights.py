@@ -1,4 +1,4 @@
-"""relax.runtime.weights: the packed weights the actor sends to the rollout arrive bit for bit."""
+"""relax.runtime.weights.weights: the packed weights the actor sends to the rollout arrive bit for bit."""
 
 import warnings
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from relax.runtime.weights import PackedWeights, pack_weights, unpack_weights
+from relax.runtime.weights.weights import PackedWeights, pack_weights, unpack_weights
 
 
 def _mixed_state() -> dict[str, torch.Tensor]:

@@ -12,10 +12,10 @@ An AST scan of ``relax/``. What counts as a read:
 
 What does not count: ``relax/cli`` (parsing, building, messages), the declarations
 (``relax/config/``, ``relax/algorithms/capabilities.py``), and, for configuration fields,
-``relax/runtime/validation.py`` and its rule modules (method, reward, engine rules): a rule that
+``relax/runtime/checks/validation.py`` and its rule modules (method, reward, engine rules): a rule that
 checks a flag is not an effect of the flag. For
 capabilities the rules *are* the effect (``requires_rewards_normalization`` refuses a switch), and
-``relax.runtime.train.run`` applies them on every entry point, which the last test checks.
+``relax.runtime.driver.train.run`` applies them on every entry point, which the last test checks.
 """
 
 from __future__ import annotations
@@ -28,16 +28,19 @@ import attrs
 from relax.algorithms import BUILTIN_ALGORITHMS
 from relax.algorithms.capabilities import CAPABILITIES
 from relax.config.run import RunConfig
+from relax.config.sft import SftConfig
 
 ROOT = Path(__file__).resolve().parents[2] / "relax"
 DECLARATIONS = {"config/fields.py", "config/algorithm.py", "config/__init__.py", "algorithms/capabilities.py"}
-VALIDATION = {f"runtime/{name}.py" for name in ("validation", "method_rules", "reward_rules", "engine_rules")}
-CONFIG_NAMES = {"config", "cfg", "c", "a", "run_config", "algorithm"}
+VALIDATION = {f"runtime/checks/{name}.py" for name in ("validation", "method_rules", "reward_rules", "engine_rules")}
+CONFIG_NAMES = {"config", "cfg", "c", "a", "run_config", "algorithm", "sft"}
 
-# RunConfig's fields and every built-in method's Config fields (the shared AlgorithmConfig's included)
+# RunConfig's fields, every built-in method's Config fields (the shared AlgorithmConfig's included) and
+# relax sft's SftConfig
 _CONFIGS = {cls.Config for cls in BUILTIN_ALGORITHMS} | {p.Config for cls in BUILTIN_ALGORITHMS
                                                           for p in getattr(cls, "PRESETS", {}).values()}
 FIELDS = {f.name for config in _CONFIGS for f in attrs.fields(config)} | {f.name for f in attrs.fields(RunConfig)}
+FIELDS |= {f.name for f in attrs.fields(SftConfig)}  # relax sft's own flags
 FIELDS -= {"algorithm"}  # RunConfig.algorithm is the AlgorithmConfig itself, not a flag
 
 # Explicit exceptions, each with its reason. Keep this empty unless a field truly has no reader by
@@ -105,7 +108,7 @@ def test_exceptions_are_real_fields_still_without_a_reader():
 def test_the_scan_catches_a_switch_that_is_only_validated():
     # Without the rollout worker, --disable-rewards-normalization is read only by the validation rules
     # (and the CLI), and the hooks and dynamic-sampling flags by nothing: the scan must say so.
-    fields, _ = readers(skip=frozenset({"runtime/rollout_worker.py"}))
+    fields, _ = readers(skip=frozenset({"runtime/step/rollout_worker.py"}))
     for name in ("rewards_normalization", "max_sampling_rounds", "over_sampling_batch_size"):
         assert name not in fields, name
 
@@ -124,7 +127,10 @@ def test_only_reads_of_configuration_objects_count(tmp_path):
 
 
 def test_run_applies_the_validation_rules():
-    tree = ast.parse((ROOT / "runtime" / "train.py").read_text())
+    tree = ast.parse((ROOT / "runtime" / "driver" / "train.py").read_text())
     run = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "run")
     calls = {n.func.id for n in ast.walk(run) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+    assert "Run" in calls  # run() is its Run's phases; the first of them checks the configuration
+    phases = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == "Run")
+    calls = {n.func.id for n in ast.walk(phases) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
     assert "validate" in calls

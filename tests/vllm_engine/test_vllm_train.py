@@ -45,7 +45,7 @@ def _config(ckpt, tmp_path, **overrides) -> RunConfig:
 
 @pytest.fixture
 def run_in_cluster(ray_cluster, monkeypatch):
-    from relax.runtime.train import run
+    from relax.runtime.driver.train import run
 
     shutil.copy(HERE.parent / "hf" / "toy_reward.py", ray_cluster / "toy_reward.py")
     monkeypatch.chdir(ray_cluster)
@@ -86,7 +86,7 @@ def test_gdpo_trains_with_the_vllm_engine_holding_the_trainers_weights(run_in_cl
 
 def summary_weights(out: Path) -> dict[str, torch.Tensor]:
     """The last checkpoint's policy weights."""
-    from relax.runtime.checkpoints import checkpoint_path
+    from relax.runtime.files.checkpoint_files import checkpoint_path
 
     return torch.load(checkpoint_path(out, 4), weights_only=False)["actor"]["backend"]["model"]
 

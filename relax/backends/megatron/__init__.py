@@ -7,11 +7,9 @@ missing install into an error that says which extra to install.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import warnings
-from pathlib import Path
 
-from relax.backends.base import TrainingBackend
+from relax.backends.megatron.rules import MegatronRules
 
 INSTALL_HINT = (
     "--backend megatron needs megatron-core, which is not installed. Install the extra with "
@@ -55,45 +53,11 @@ def load_megatron_backend():
     return MegatronBackend
 
 
-def megatron_installed() -> bool:
-    """Is megatron-core importable? Looks at the files only: importing it is slow and heavy."""
-    spec = importlib.util.find_spec("megatron")
-    if spec is None or not spec.submodule_search_locations:
-        return False
-    return any((Path(p) / "core" / "__init__.py").is_file() for p in spec.submodule_search_locations)
-
-
-class MegatronEntry(TrainingBackend):
-    """The registry's entry for ``--backend megatron``: the configuration check, without megatron-core.
-    ``MegatronBackend`` (``relax.backends.megatron.backend``) derives from it; ``load()`` imports it."""
-
-    name = "megatron"
+class MegatronEntry(MegatronRules):
+    """The registry's entry for ``--backend megatron``: the configuration check (``MegatronRules``),
+    without megatron-core; ``load()`` imports ``MegatronBackend`` (``relax.backends.megatron.backend``),
+    which derives from the same rules."""
 
     @classmethod
     def load(cls):
         return load_megatron_backend()
-
-    @classmethod
-    def config_errors(cls, config) -> list[str]:
-        """What a ``RunConfig`` asks of ``--backend megatron`` that it cannot do (without importing it)."""
-        from relax.backends import optim
-
-        errors = optim.config_errors(config)
-        if config.lora_rank:
-            errors.append("--lora-rank is implemented for --backend torch only; drop it or use --backend torch")
-        if not megatron_installed():
-            errors.append(
-                "--backend megatron needs megatron-core, which is not installed: pip install 'relax-rl[megatron]' "
-                "(or use --backend torch)"
-            )
-        tp, pp = config.tensor_model_parallel_size, config.pipeline_model_parallel_size
-        if config.hf_checkpoint:  # architecture and tp/pp layout, from config.json (no megatron import)
-            from relax.backends.megatron.hf_convert import checkpoint_errors
-
-            errors.extend(checkpoint_errors(config.hf_checkpoint, tp_size=tp, pp_size=pp))
-        if config.actor_num_workers % (tp * pp):
-            errors.append(
-                f"--actor-num-workers {config.actor_num_workers} must be a multiple of "
-                f"--tensor-model-parallel-size {tp} x --pipeline-model-parallel-size {pp} = {tp * pp}"
-            )
-        return errors

@@ -15,83 +15,38 @@ current before megatron-core allocates anything), else on the CPU, the only plac
 ``_cpu_compat`` patches go in. Batches may arrive on the CPU: they are moved to the model's device,
 and the log-probs come back from there (like the torch backend's). Whole weights (``export_weights``,
 ``state_dict``, ``gradients``) leave the rank as CPU tensors.
+
+Parts. This module builds the rank (model, DDP, optimizer) and holds the ``TrainingBackend`` methods;
+the batch's forward pass is ``forward.ForwardPass``, the micro-batch schedule
+``schedule.MicroBatchSchedule``, the optimizer's tensors and the checkpoint
+``optimizer_state.OptimizerState``, and the process groups ``process_groups``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
-import socket
 import warnings
 from collections.abc import Mapping
-from functools import partial
 
 import torch
 import torch.distributed as dist
 
 from relax.backends import optim
 from relax.backends.base import LossFn, TokenBatch, TokenLogProbs
-from relax.backends.megatron import MegatronEntry, _cpu_compat, placement
+from relax.backends.megatron import _cpu_compat, placement
 from relax.backends.megatron.families import ModelFamily, TinyFamily, family_of
+from relax.backends.megatron.forward import ForwardPass
 from relax.backends.megatron.layer_specs import canonical_name
-from relax.backends.megatron.logprobs import (
-    vocab_parallel_entropy,
-    vocab_parallel_log_probs,
-    vocab_parallel_truncate,
-)
-from relax.backends.megatron.model import local_tensors, mask_padded_vocab
+from relax.backends.megatron.model import local_tensors
+from relax.backends.megatron.optimizer_state import OptimizerState
+from relax.backends.megatron.process_groups import ensure_distributed, init_parallel_state
+from relax.backends.megatron.rules import MegatronRules
+from relax.backends.megatron.schedule import MicroBatchSchedule
 from relax.models.sampled_distribution import Truncation
 from relax.models.tiny.model import TinyLMConfig
 
-CHECKPOINT_FORMAT = "relax-megatron-v1"
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def ensure_distributed(timeout_s: float = 120.0) -> None:
-    """Start a single-process group when the caller did not start one (NCCL on CUDA, else gloo)."""
-    if dist.is_initialized():
-        return
-    import datetime
-
-    dist.init_process_group(
-        placement.process_group_backend(),
-        init_method=f"tcp://127.0.0.1:{_free_port()}",
-        rank=0,
-        world_size=1,
-        timeout=datetime.timedelta(seconds=timeout_s),
-    )
-
-
-def init_parallel_state(tp_size: int, pp_size: int, seed: int) -> None:
-    """Megatron's process groups (global state; a second backend in the process must agree on sizes)."""
-    from megatron.core import parallel_state, tensor_parallel
-
-    world = dist.get_world_size()
-    if world % (tp_size * pp_size):
-        raise ValueError(
-            f"world size {world} is not a multiple of --tensor-model-parallel-size {tp_size} x "
-            f"--pipeline-model-parallel-size {pp_size}"
-        )
-    if parallel_state.model_parallel_is_initialized():
-        have = (
-            parallel_state.get_tensor_model_parallel_world_size(),
-            parallel_state.get_pipeline_model_parallel_world_size(),
-        )
-        if have != (tp_size, pp_size):
-            raise RuntimeError(f"Megatron parallel state already initialized with (tp, pp) = {have}, not {(tp_size, pp_size)}")
-    else:
-        parallel_state.initialize_model_parallel(tp_size, pp_size)
-    # Dropout is 0 in RL training, so the inference tracker (fork() is a no-op) is exact, and it
-    # needs no CUDA RNG state.
-    tensor_parallel.model_parallel_cuda_manual_seed(seed, inference_rng_tracker=True, force_reset_rng=True)
-
-
-class MegatronBackend(MegatronEntry):
+class MegatronBackend(ForwardPass, MicroBatchSchedule, OptimizerState, MegatronRules):
     """``TrainingBackend`` on megatron-core: GPTModel + Megatron DDP + Megatron (Adam) optimizer.
 
     ``model_config`` is a model family adapter (``relax.backends.megatron.families``: the built-in
@@ -281,11 +236,6 @@ class MegatronBackend(MegatronEntry):
 
     # -- weights -----------------------------------------------------------------------------
 
-    @property
-    def device(self) -> torch.device:
-        """Where the model's parameters are (the rank's CUDA device, or the CPU); inputs go there."""
-        return next(self.gpt.parameters()).device
-
     def _load_weights_into(self, module, weights: Mapping[str, torch.Tensor]) -> None:
         self._shard_into(local_tensors(module), weights)
 
@@ -318,145 +268,6 @@ class MegatronBackend(MegatronEntry):
             with torch.no_grad():
                 self._shard_into(self._master_params(), weights)
 
-    # -- batches -----------------------------------------------------------------------------
-
-    def _on_device(self, batch: TokenBatch, device: torch.device | None = None) -> TokenBatch:
-        """``batch`` on ``device`` (default: the model's), where its masks and targets meet the
-        model's outputs."""
-        device = self.device if device is None else device
-        return batch if batch.prompt_ids.device == device else batch.to(device)
-
-    def _model_inputs(self, batch: TokenBatch, device: torch.device):
-        """Token ids, positions and the attention mask of ``batch``, on ``device``."""
-        batch = self._on_device(batch, device)
-        ids, mask, pos = batch.input_ids, batch.attention_mask, batch.position_ids
-        s = ids.shape[1]
-        idx = torch.arange(s, device=ids.device)
-        causal = idx[None, :] <= idx[:, None]
-        # Same visibility as TinyCausalLM: causal, real keys only, and every query sees itself.
-        allowed = (causal & mask[:, None, :]) | torch.eye(s, dtype=torch.bool, device=ids.device)
-        return ids, pos, ~allowed[:, None]  # Megatron masks where True
-
-    def _forward(self, model, batch: TokenBatch) -> torch.Tensor:
-        """Logits ``[b, s, V/tp]`` of ``batch`` through ``model`` (the DDP wrapper, or the one the
-        pipeline schedule hands over), with the inputs on that model's device."""
-        device = next(model.parameters()).device
-        return model(*self._model_inputs(batch, device), **self._forward_kwargs)
-
-    def _token_log_probs(self, logits: torch.Tensor, batch: TokenBatch, with_entropy: bool) -> TokenLogProbs:
-        """Response-token log-probs from full-sequence logits ``[b, P+T, V/tp]`` (token t at column P+t-1)."""
-        batch = self._on_device(batch, logits.device)
-        p, t = batch.prompt_width, batch.response_ids.shape[1]
-        logits = logits[:, p - 1 : p + t - 1].float()
-        if self.temperature != 1.0:  # match a rollout that sampled at this temperature
-            logits = logits / self.temperature
-        logits = mask_padded_vocab(logits, self.model_config.vocab_size, tp_rank=self.tp_rank)
-        logits = vocab_parallel_truncate(logits, self.truncation, batch.response_ids)
-        mask = batch.response_mask
-        log_probs = vocab_parallel_log_probs(logits, batch.response_ids) * mask
-        entropy = vocab_parallel_entropy(logits) * mask if with_entropy else None
-        return TokenLogProbs(log_probs=log_probs, entropy=entropy)
-
-    def _micro_batches(self, n: int, micro_batch_size: int | None) -> list[slice]:
-        size = micro_batch_size or self.micro_batch_size or n
-        if size < 1:
-            raise ValueError(f"--micro-batch-size must be >= 1, got {size}")
-        if self.pp_size > 1 and n % size:
-            raise ValueError(
-                f"with --pipeline-model-parallel-size {self.pp_size} every micro-batch must have the same "
-                f"size: {n} samples on this rank are not a multiple of --micro-batch-size {size}"
-            )
-        return [slice(i, min(i + size, n)) for i in range(0, n, size)]
-
-    def _run_schedule(self, batch: TokenBatch, rows: list[slice], loss_func, forward_only: bool) -> list:
-        """Forward (and backward) over the micro-batches ``rows``; the loss functions' second outputs.
-
-        Without pipeline parallelism (and the features of :meth:`_unpipelined_applies`) this is
-        :meth:`_run_unpipelined`, the same arithmetic as megatron-core's
-        ``forward_backward_no_pipelining`` without its per-call bookkeeping. Otherwise it is
-        megatron-core's schedule (1F1B with pipeline stages), which also needs the CPU device scope
-        (its token counter is a literal CUDA tensor).
-        """
-        if self._unpipelined_applies():
-            return self._run_unpipelined(batch, rows, loss_func, forward_only)
-        from megatron.core.pipeline_parallel import get_forward_backward_func
-
-        def forward_step(data_iterator, model):
-            part = next(data_iterator)
-            mb = batch.select(part)
-            return self._forward(model, mb), partial(loss_func, mb, part)
-
-        with _cpu_compat.cpu_device_scope():
-            return get_forward_backward_func()(
-                forward_step_func=forward_step,
-                data_iterator=iter(rows),
-                model=[self.model],
-                num_microbatches=len(rows),
-                seq_length=batch.input_ids.shape[1],
-                micro_batch_size=rows[0].stop - rows[0].start,
-                forward_only=forward_only,
-            )
-
-    def _unpipelined_applies(self) -> bool:
-        """Is :meth:`_run_unpipelined` the same computation as Megatron's schedule for this config?
-        Anything the inline loop does not reproduce (autocast, loss scaling, per-token loss, MoE or
-        MTP loss scaling, FP8, context parallelism, CUDA graphs, activation offloading) keeps the
-        schedule."""
-        c = self.config
-        return (
-            self.pp_size == 1
-            and not c.enable_autocast
-            and c.grad_scale_func is None
-            and not c.calculate_per_token_loss
-            and c.num_moe_experts is None
-            and c.mtp_num_layers is None
-            and c.fp8 is None
-            and c.context_parallel_size == 1
-            and c.cuda_graph_impl == "none"
-            and not c.overlap_moe_expert_parallel_comm
-            and not c.hybrid_context_parallel
-            and not c.fine_grained_activation_offloading
-        )
-
-    def _run_unpipelined(self, batch: TokenBatch, rows: list[slice], loss_func, forward_only: bool) -> list:
-        """megatron-core 0.16's ``forward_backward_no_pipelining`` for relax's configuration (one
-        model chunk, no context parallelism, MoE, MTP, CUDA graphs or timers), op for op, so results
-        are bit-identical to it: each micro-batch loss is divided by the number of micro-batches
-        before its backward pass, all but the last backward run under DDP's ``no_sync``, then
-        ``finalize_model_grads`` reduces over DP. What it leaves out is per-call overhead: the
-        process-group lookups, a CUDA token counter, and above all the CPU device scope around the
-        model, whose ``TorchFunctionMode`` puts a Python call in front of every tensor operation of
-        the forward and backward passes (the model needs no device rewrite: its device lookups go
-        through the process-wide ``torch.cuda.current_device`` patch, see ``_cpu_compat``). Measured
-        with ``benchmarks/megatron_vs_torch.py``: log-probs went from 1.33x to 1.22x the torch
-        backend's time. With pipeline stages the schedule is needed and used as is."""
-        store, n = [], len(rows)
-        for i, part in enumerate(rows):
-            last = i == n - 1
-            with contextlib.nullcontext() if forward_only or last else self.model.no_sync():
-                mb = batch.select(part)
-                output = self._forward(self.model, mb)
-                loss, reduced = loss_func(mb, part, output)
-                store.append(reduced)
-                if not forward_only:
-                    torch.autograd.backward(loss / n)
-        if not forward_only:
-            with _cpu_compat.cpu_device_scope():
-                self.config.finalize_model_grads_func([self.model])
-        return store
-
-    def _from_last_stage(self, obj):
-        """Pipeline: outputs exist on the last stage only; hand them to every stage. Log-probs travel
-        as CPU tensors (a pickled CUDA tensor would name the sender's device) and arrive on each
-        stage's own device."""
-        if self.pp_size == 1:
-            return obj
-        if isinstance(obj, TokenLogProbs):
-            obj = _log_probs_to(obj, "cpu")
-        box = [obj if self.is_last_stage else None]
-        dist.broadcast_object_list(box, src=self.last_stage_rank, group=self.pp_group)
-        received = box[0]
-        return _log_probs_to(received, self.device) if isinstance(received, TokenLogProbs) else received
 
     # -- TrainingBackend ---------------------------------------------------------------------
 
@@ -547,85 +358,3 @@ class MegatronBackend(MegatronEntry):
             shard = torch.cat(parts, dim=-1)
         return shard[..., : self.model_config.vocab_size].float()  # bfloat16 with --bf16
 
-    # -- checkpoints -------------------------------------------------------------------------
-
-    def _torch_optimizers(self) -> list:
-        inner = getattr(self.optimizer, "chained_optimizers", [self.optimizer])
-        return [o.optimizer for o in inner]
-
-    def _master_tensors(self) -> dict[str, torch.Tensor]:
-        """Every local tensor of the model (``local_tensors`` names, shared tensors under each of
-        their names), as the optimizer steps it: a parameter's float32 master when it has one."""
-        params = {canonical_name(name): p for name, p in self.gpt.named_parameters(remove_duplicate=False)}
-        return {name: getattr(params.get(name), "main_param", tensor)
-                for name, tensor in local_tensors(self.gpt).items()}
-
-    def _master_params(self) -> dict[str, torch.Tensor]:
-        """The tensors the optimizer steps, by local Megatron name: the parameters themselves in
-        float32, their float32 master copies (``param.main_param``, set by Megatron's mixed-precision
-        optimizer) with ``--bf16``."""
-        return {canonical_name(name): getattr(p, "main_param", p) for name, p in self.gpt.named_parameters()}
-
-    def _adam_state(self, key: str) -> dict[str, torch.Tensor]:
-        """One Adam state tensor per parameter, by local Megatron name (zeros before the first step);
-        float32 also with ``--bf16``, where Adam's state belongs to the master copies."""
-        states = {}
-        for opt in self._torch_optimizers():
-            states.update({id(p): s for p, s in opt.state.items()})
-        out = {}
-        for name, param in self._master_params().items():
-            state = states.get(id(param), {})
-            out[name] = state[key] if key in state else torch.zeros_like(param)
-        return out
-
-    def state_dict(self) -> dict:
-        """Model weights (``export_weights``: float32, with ``--bf16`` the masters, from which the
-        bfloat16 parameters are their rounding) and Adam moments in the family's naming, independent
-        of tp/pp/dp layout.
-
-        A collective over the model-parallel group: every rank must call it.
-        """
-        adam_steps = [
-            float(s["step"]) for opt in self._torch_optimizers() for s in opt.state.values() if "step" in s
-        ]
-        return {
-            "format": CHECKPOINT_FORMAT,
-            "model_config": self.family.describe(),
-            "model": self.export_weights(),
-            "exp_avg": self._gather(self._adam_state("exp_avg")),
-            "exp_avg_sq": self._gather(self._adam_state("exp_avg_sq")),
-            "adam_step": max(adam_steps, default=0.0),
-            "steps": self.steps,
-        }
-
-    def load_state_dict(self, state: Mapping) -> None:
-        if state.get("format") != CHECKPOINT_FORMAT:
-            raise ValueError(
-                f"not a Megatron-backend checkpoint (format {state.get('format')!r}, expected "
-                f"{CHECKPOINT_FORMAT!r}); load it with the backend that wrote it"
-            )
-        if state["model_config"] != self.family.describe():
-            raise ValueError(f"checkpoint model {state['model_config']} != this model {self.family.describe()}")
-        # "model" holds the float32 weights the optimizer steps (with --bf16 its masters); a --bf16
-        # checkpoint written before the export took the masters held them beside bfloat16 "model"
-        # weights, as "master".
-        self.load_weights(state.get("master", state["model"]))
-        masters = self._master_params()  # the tensors the optimizer steps (the parameters in float32)
-        name_of = {id(m): name for name, m in masters.items()}
-        for key in ("exp_avg", "exp_avg_sq"):
-            targets = {name: torch.zeros_like(m) for name, m in masters.items()}
-            self._shard_into(targets, state[key])
-            for opt in self._torch_optimizers():
-                for group in opt.param_groups:
-                    for p in group["params"]:
-                        slot = opt.state[p]
-                        slot[key] = targets[name_of[id(p)]]
-                        slot["step"] = torch.tensor(float(state["adam_step"]))
-        self.steps = int(state["steps"])
-
-
-def _log_probs_to(out: TokenLogProbs | None, device) -> TokenLogProbs | None:
-    if out is None:
-        return None
-    return TokenLogProbs(log_probs=out.log_probs.to(device),
-                         entropy=None if out.entropy is None else out.entropy.to(device))

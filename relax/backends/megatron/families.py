@@ -7,8 +7,8 @@ how the ``GPTModel`` is configured and how its (sharded) tensors map to those na
 answers exactly that, and the backend itself never branches on the family:
 
 - ``TinyFamily``: the built-in ``TinyCausalLM`` (``relax.backends.megatron.model``);
-- ``HFFamily``: a Hugging Face Llama / Qwen2 / Qwen3 dense checkpoint
-  (``relax.backends.megatron.hf_convert``), exported in the HF module's ``state_dict`` names.
+- ``HFFamily``: a Hugging Face Llama / Qwen2 / Qwen3 dense checkpoint (``relax.backends.megatron.hf_model``
+  builds it, ``hf_convert`` maps its weights), exported in the HF module's ``state_dict`` names.
 
 Every family has ``config`` (with ``vocab_size``), ``describe()`` (a plain dict, stored in and
 compared against checkpoints), ``transformer_config`` / ``build`` (this rank's ``GPTModel``),
@@ -23,7 +23,8 @@ from collections.abc import Mapping
 
 import torch
 
-from relax.backends.megatron import hf_convert, model as tiny
+from relax.backends.megatron import hf_convert, hf_model
+from relax.backends.megatron import model as tiny
 from relax.models.tiny.model import TinyCausalLM, TinyLMConfig
 
 
@@ -63,17 +64,17 @@ class HFFamily:
 
     def __init__(self, hf_config):
         self.config = hf_config
-        self.dims = hf_convert.model_dims(hf_config)
+        self.dims = hf_model.model_dims(hf_config)
 
     def describe(self) -> dict:
-        return {"hf": dict(self.dims), "rope_theta": hf_convert.rope_theta(self.config),
+        return {"hf": dict(self.dims), "rope_theta": hf_model.rope_theta(self.config),
                 "rms_norm_eps": float(self.config.rms_norm_eps)}
 
     def transformer_config(self, *, tp_size: int, pp_size: int, **overrides):
-        return hf_convert.hf_transformer_config(self.config, tp_size=tp_size, pp_size=pp_size, **overrides)
+        return hf_model.hf_transformer_config(self.config, tp_size=tp_size, pp_size=pp_size, **overrides)
 
     def build(self, config, *, pre_process: bool, post_process: bool):
-        return hf_convert.build_hf_gpt_model(self.config, config, pre_process=pre_process, post_process=post_process)
+        return hf_model.build_hf_gpt_model(self.config, config, pre_process=pre_process, post_process=post_process)
 
     def default_weights(self, seed: int) -> dict[str, torch.Tensor]:
         raise ValueError("a Hugging Face model starts from its checkpoint's weights: pass initial_weights")

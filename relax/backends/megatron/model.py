@@ -1,6 +1,6 @@
 """The built-in ``TinyCausalLM`` as a Megatron ``GPTModel``, and exact weight conversion both ways.
 
-Architecture mapping (``relax/rollout/tiny/model.py`` is the reference; megatron-core 0.16 local spec):
+Architecture mapping (``relax/models/tiny/model.py`` is the reference; megatron-core 0.16 local spec):
 
 =============================  ==================================================================
 TinyCausalLM                   Megatron GPTModel (local spec, ``attention.local_layer_spec``)

@@ -2,7 +2,7 @@
 
 ``--env-path package.module:Class`` names a user's environment (``Environment``); a built-in task
 may bring its own (``--task calculator``). ``episode_runner(config)`` is what the rollout worker,
-the evaluation and the single-process recipes hand to ``sample_groups``.
+the evaluation and the recipes hand to ``sample_groups``.
 """
 
 from __future__ import annotations

@@ -8,7 +8,16 @@ from relax.rollout.registry import EngineEntry
 
 class HFEntry(EngineEntry):
     title = "transformers"
-    # float32 weights (its log-probs must match the trainer's): the weight route sends them as exported
+
+    @classmethod
+    def weights_dtype(cls, config) -> str | None:
+        """The engine's dtype (``relax.rollout.hf.precision``) on the asking process's device. The weight
+        route asks in the actor rank that publishes, whose device stands for the engine's: relax gives
+        an actor rank and a rollout worker a GPU alike (or neither), and ``--in-process`` holds both."""
+        from relax.models import factory
+        from relax.rollout.hf.precision import engine_dtype
+
+        return str(engine_dtype(config, factory.default_device())).removeprefix("torch.")
 
     @classmethod
     def build(cls, config):

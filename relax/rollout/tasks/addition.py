@@ -46,7 +46,7 @@ from relax.models.tiny.tokenizer import TinyTokenizer
 from relax.rollout.base import Prompt, SamplingParams
 
 if TYPE_CHECKING:
-    from relax.rollout.tasks import Task
+    from relax.rollout.tasks.task import Task
 
 MAX_NEW_TOKENS = 8
 BASE_COMPONENTS: tuple[str, ...] = ("correct", "digits", "format", "length")

@@ -153,7 +153,7 @@ class ReasoningGymPrompts:
 
 def make_task(name: str):
     """The ``Task`` of ``--task reasoning-gym:<name>`` (``KeyError`` for an unknown dataset)."""
-    from relax.rollout.tasks import Task
+    from relax.rollout.tasks.task import Task
 
     dataset(name, 0)  # an unknown name fails here, before Ray starts
 

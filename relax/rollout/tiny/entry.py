@@ -14,6 +14,13 @@ class TinyEntry(EngineEntry):
     @classmethod
     def build(cls, config):
         from relax.models.factory import default_device
+        from relax.models.initial_weights import sft_tiny_model
         from relax.rollout.tasks import get_task
 
-        return get_task(config.task).make_engine().to(default_device())  # the worker's GPU, if it has one
+        engine = get_task(config.task).make_engine()
+        start = sft_tiny_model(config.load)  # `relax train --load` of a `relax sft` checkpoint: its weights
+        if start is not None:
+            from relax.models.tiny.weights import load_warmup_model
+
+            engine.load_weights(load_warmup_model(start).state_dict())
+        return engine.to(default_device())  # the worker's GPU, if it has one

@@ -1,14 +1,14 @@
 """Pre-flight: everything that can be checked before Ray or any worker starts, for ``relax train``
-(also in ``--dry-run``) and for ``relax.runtime.train.run(config)`` alike.
+(also in ``--dry-run``) and for ``relax.runtime.driver.train.run(config)`` alike.
 
 ``validation.py`` checks the configuration against the method's capabilities; this module checks the
 things the configuration points at, by reusing the code the workers will run:
 
 - the method: ``cls(AlgorithmConfig)`` is built once, as every worker will build it;
 - ``--output-dir``: not a file, writable, not locked by a running run, not another run's directory
-  unless ``--load`` resumes it or ``--overwrite-output-dir`` replaces it (``relax.runtime.run_dir``);
+  unless ``--load`` resumes it or ``--overwrite-output-dir`` replaces it (``relax.runtime.files.run_dir``);
 - ``--load``: a readable, complete checkpoint that this run can continue
-  (``relax.runtime.checkpoints.read_checkpoint`` / ``check_checkpoint``);
+  (``relax.runtime.files.checkpoint_files.read_checkpoint`` / ``check_checkpoint``);
 - ``--hf-checkpoint`` / ``--ref-load``: a Hugging Face directory with ``config.json`` transformers can
   read and weight files; the tokenizer (and chat template) loads;
 - ``--prompt-data`` and ``--eval-prompt-data``: every row is read, validated and tokenized (``relax.rollout.data.PromptDataset``:
@@ -19,6 +19,7 @@ things the configuration points at, by reusing the code the workers will run:
   write (a task for the tiny model reads only its 17-token vocabulary: ``task_text``);
 - ``--reward-model-path`` / ``--judge-model-path`` / ``--judge-template``: checkpoints of the right kind
   and a template with its placeholders (``reward_services``);
+- ``--teacher-checkpoint``: a teacher the run can load, whose tokenizer is the student's (``teacher``);
 - ``--ray-address``: something answers at that address.
 
 Each problem raises ``PreflightError`` (a ``ConfigError``) with one message naming the flag, file, line,
@@ -28,7 +29,7 @@ directory; ``run(config)`` runs it again only for a configuration this process h
 
 One module per kind of check: ``user_code`` (the method's constructor, reward hooks), ``outputs``
 (output directory, ``--load``), ``model`` (checkpoint directory, tokenizer), ``prompts``, ``rewards``
-(reward function, environment), ``task_text``, ``reward_services`` and ``ray_address``; ``common`` holds ``PreflightError``.
+(reward function, environment), ``task_text``, ``reward_services``, ``teacher`` and ``ray_address``; ``common`` holds ``PreflightError``.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from relax.runtime.preflight.ray_address import check_ray
 from relax.runtime.preflight.reward_services import check_reward_services
 from relax.runtime.preflight.rewards import check_env, check_reward, is_multi_turn
 from relax.runtime.preflight.task_text import check_task_reads_model_text
+from relax.runtime.preflight.teacher import check_teacher
 from relax.runtime.preflight.user_code import check_algorithm, check_hooks
 
 
@@ -59,6 +61,7 @@ def preflight(config: RunConfig, algorithm) -> list[str]:
             check_hf_dir(path, flag)
     tokenizer = load_tokenizer(config)
     check_model(config, tokenizer)
+    check_teacher(config, tokenizer)  # the teacher role: loadable, with the student's tokenizer
     prompts = load_prompts(config, tokenizer, warnings)
     prompts = prompts + check_eval_prompts(config, tokenizer, warnings)  # the reward scores both
     if is_multi_turn(config):  # the environment's rewards score the episodes: reset + one step

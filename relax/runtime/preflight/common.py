@@ -7,7 +7,7 @@ import contextlib
 import io
 
 from relax.config.run import RunConfig
-from relax.runtime.validation import ConfigError
+from relax.runtime.checks.validation import ConfigError
 
 
 class PreflightError(ConfigError):

@@ -19,7 +19,8 @@ def load_prompts(config: RunConfig, tokenizer, warnings: list[str] | None = None
     """The first prompts of the run as ``(where, Prompt)``; every ``--prompt-data`` row is validated.
     Warnings (prompts dropped by --max-prompt-len) are appended to ``warnings``."""
     if config.prompt_data:
-        from relax.rollout.data import PromptDataError, prompt_dataset_from_config
+        from relax.rollout.data import prompt_dataset_from_config
+        from relax.rollout.prompt_files import PromptDataError
 
         data_logger = logging.getLogger("relax.rollout.data")
         was_disabled, data_logger.disabled = data_logger.disabled, True  # its warnings are relayed once below

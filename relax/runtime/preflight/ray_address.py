@@ -24,13 +24,35 @@ def check_ray_address_format(address: str) -> None:
         )
 
 
+RAY_ADDRESS_TIMEOUT_S = 5.0
+
+
+def check_ray_address(address: str, timeout: float = RAY_ADDRESS_TIMEOUT_S) -> None:
+    """Raise ``ConnectionError`` unless something answers at ``--ray-address host:port`` within
+    ``timeout`` seconds (``ray.init`` would wait forever). ``auto`` and addresses without a port
+    are left to Ray."""
+    import socket
+
+    target = address.split("://", 1)[-1].rstrip("/")
+    host, _, port = target.rpartition(":")
+    if not host or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as exc:
+        raise ConnectionError(
+            f"--ray-address {address}: nothing answers at {host}:{port} within {timeout:g}s "
+            f"({exc.strerror or type(exc).__name__}); start the cluster (`ray start --head`), check the "
+            "address with `ray status` on its head node, or omit --ray-address to start a local Ray"
+        ) from None
+
+
 def check_ray(config: RunConfig) -> None:
     if not config.ray_address:
         return
     check_ray_address_format(config.ray_address)
-    from relax.runtime.ray_session import check_ray_address
-
     try:
         check_ray_address(config.ray_address)
     except ConnectionError as exc:
         raise PreflightError(str(exc)) from None
+

@@ -3,7 +3,7 @@
 kind (a sequence-classification model with one logit; a causal LM whose tokenizer tells " yes" from
 " no"), whose weight files are whole and whose vocabulary covers its own tokenizer (the policy's checks,
 ``relax.models.hf.checks``), and the template reads, has its placeholders and no misspelt one. The real call of each service, once its
-Serve deployment is up and before the first step, is ``relax.runtime.reward_services``'s."""
+Serve deployment is up and before the first step, is ``relax.runtime.cluster.reward_services``'s."""
 
 from __future__ import annotations
 
@@ -119,7 +119,7 @@ def check_judge(config: RunConfig) -> None:
 def check_service_gpus(config: RunConfig) -> None:
     """Explicit ``--reward-model-gpus`` / ``--judge-gpus`` beyond the GPUs of this machine, for a run
     that starts its own Ray (a joined cluster is checked once the run is on it: ``resource_fit``)."""
-    from relax.runtime.resource_fit import gpu_problem
+    from relax.runtime.checks.resource_fit import gpu_problem
 
     if config.ray_address or not any((config.reward_model_path and config.reward_model_gpus,
                                       config.judge_model_path and config.judge_gpus)):

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import attrs
 import pytest
+import torch
 
 from relax.algorithms import load_algorithm
 from relax.config.algorithm import AlgorithmConfig
@@ -123,3 +124,41 @@ def test_in_process_accepts_a_machine_with_cuda(tmp_path, monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     validate(_config(tmp_path, in_process=True), load_algorithm("grpo"))
+
+
+@pytest.mark.parametrize("where", ["after_the_results", "before_the_row_is_logged"])
+def test_an_interrupt_between_a_steps_results_and_its_row_still_logs_the_step_the_model_saves(
+        tmp_path, monkeypatch, where):
+    # Ctrl-C lands after step 2's results are in: while the pipeline waits for step 1's data-plane clear
+    # (a CI run once lost step 2's row there and saved step 2 beside a log that ended at step 1), or
+    # while the driver evaluates the step before writing its row. The saved step and the log agree.
+    from relax.runtime.driver.pipeline import Pipeline
+    from relax.runtime.driver.train import Run
+
+    if where == "after_the_results":
+        clear_later = Pipeline._clear_later
+
+        def interrupted_clear(self, step):
+            if step == 2:
+                raise KeyboardInterrupt
+            clear_later(self, step)
+
+        monkeypatch.setattr(Pipeline, "_clear_later", interrupted_clear)
+    else:
+        record_step = Run._record_step
+
+        def interrupted_record(self, row):
+            if row["step"] == 2 and not getattr(self, "_interrupted_once", False):
+                self._interrupted_once = True
+                raise KeyboardInterrupt
+            record_step(self, row)
+
+        monkeypatch.setattr(Run, "_record_step", interrupted_record)
+    config = _config(tmp_path, num_rollout=5, eval_interval=None, in_process=True)
+    with pytest.raises(KeyboardInterrupt):
+        run(config)
+    # step 3 was submitted with step 2 (the synchronous schedule runs one rollout ahead): the
+    # interrupt finishes it, logs it and saves it; step 2 is logged once
+    assert [r["step"] for r in metrics_rows(tmp_path)] == [0, 1, 2, 3]
+    assert torch.load(checkpoint_path(tmp_path, 3), weights_only=False)["step"] == 3
+    assert not checkpoint_path(tmp_path, 4).parent.exists()

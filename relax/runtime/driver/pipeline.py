@@ -27,6 +27,7 @@ from relax.config.steps import num_minibatches
 from relax.runtime.checks import roles as R
 from relax.runtime.cluster.cluster import Runtime
 from relax.runtime.metrics.actor_metrics import STEP_METRICS_KEY, combine_actor_metrics, logged_name
+from relax.runtime.session.held_signals import signals_held
 from relax.runtime.session.waits import BackgroundCall, Patience, get
 from relax.runtime.step.rollouts import plan_from_rollouts, rollout_metrics
 
@@ -45,6 +46,9 @@ class Pipeline:
         # version -> (reference to its weights (None: the rollout keeps its own), its training results)
         self.versions: dict[int, tuple] = {start_step: (None, [])}
         self.submitted: dict[int, dict] = {}
+        # step -> its metrics row, from the moment its results are in until the driver has logged it
+        # (``logged``): an interrupt in between leaves the row here for the interrupt path to log
+        self.collected: dict[int, dict] = {}
         self.last_submitted = start_step
         # A reference to the newest collected policy's weights, for the evaluation (None: the run's
         # initial or restored weights, which the rollout engines hold); a skipped step keeps the last.
@@ -95,7 +99,8 @@ class Pipeline:
     def step(self, step: int, submit_through: int, timeout: float | None = None) -> dict:
         """Collect ``step``'s results, after submitting every step up to ``submit_through`` (the
         caller never asks past a checkpoint that has not been written yet). ``step`` stays in
-        ``submitted`` until its results are in, so an interrupted collection can be finished."""
+        ``submitted`` until its results are in, so an interrupted collection can be finished; then its
+        row stays in ``collected`` until the caller has logged it (``logged``)."""
         for t in range(self.last_submitted + 1, max(step, submit_through) + 1):
             self._submit(t)
         refs = self.submitted[step]
@@ -106,14 +111,13 @@ class Pipeline:
         for part in get(refs["prep"], "reference/critic", timeout=timeout, progress=progress):
             row.update(part)
         results = get(refs["train"], "actor/critic", timeout=timeout, progress=progress)
-        del self.submitted[step]
         now = time.perf_counter()
-        self._clear_later(step)  # every consumer of this step is done
         # Each actor rank reports its shares of the loss metrics per optimizer step: sum them over
         # the data-parallel ranks (relax.runtime.metrics.actor_metrics). Other keys: rank 0's win.
-        shares = [part.pop(STEP_METRICS_KEY, None) for part in results[: len(self.rt.actors)]]
+        # (The results are read, not changed: an interrupted collection reads them again.)
+        shares = [part.get(STEP_METRICS_KEY) for part in results[: len(self.rt.actors)]]
         for part in reversed(results):
-            row.update(part)
+            row.update({k: v for k, v in part.items() if k != STEP_METRICS_KEY})
         combined = combine_actor_metrics([steps for steps in shares if steps is not None])
         row.update({logged_name(k): v for k, v in combined.items()})
         plan = plan_from_rollouts(rolls, num_minibatches(self.rt.config), len(self.rt.actors))
@@ -137,7 +141,15 @@ class Pipeline:
         if self.rt.config.fully_async:
             row["async/policy_version"] = refs["version"]
         self.t_last = now
+        with signals_held():  # the step is in exactly one of the two, whenever Ctrl-C comes
+            self.collected[step] = row
+            del self.submitted[step]
+        self._clear_later(step)  # every consumer of this step is done (waits for the previous clear)
         return row
+
+    def logged(self, step: int) -> None:
+        """The driver has written ``step``'s row to the metrics log."""
+        del self.collected[step]
 
     def close(self) -> None:
         self.clearer.wait()

@@ -41,6 +41,7 @@ from relax.runtime.files.run_errors import nothing_trained, skipped_step_warning
 from relax.runtime.files.trackers import Trackers
 from relax.runtime.files.user_errors import report as report_failure
 from relax.runtime.preflight import preflight_once, was_checked
+from relax.runtime.session.held_signals import signals_held
 
 
 @attrs.frozen
@@ -196,11 +197,7 @@ class Run:
         if self.evaluation.due(step):  # version `step`: the weights this step trained
             row.update(self.evaluation.run(step, self.pipeline.latest_weights))
             log(self.evaluation.line(row), self.bar)
-        self._record(row)
-        self.steps_run += 1
-        if row.get("train/skipped"):
-            self.steps_skipped += 1
-            log(skipped_step_warning(config, row), self.bar)
+        self._record_step(row)
         self._show_progress(step, row)
         if saves_at(config, step):
             self.last_ckpt = save_checkpoint(self.runtime, self.out, step)
@@ -210,6 +207,18 @@ class Run:
     def _record(self, row: dict) -> None:
         self.metrics_log.write(row)
         self.trackers.log(row)
+
+    def _record_step(self, row: dict) -> None:
+        """Log a trained step's row. Taking it from the pipeline and writing it is one piece, so the
+        metrics log holds every step the saved model trained, once, whenever Ctrl-C comes."""
+        with signals_held():
+            self.metrics_log.write(row)
+            self.pipeline.logged(row["step"])
+            self.steps_run += 1
+        self.trackers.log(row)
+        if row.get("train/skipped"):
+            self.steps_skipped += 1
+            log(skipped_step_warning(self.config, row), self.bar)
 
     def _show_progress(self, step: int, row: dict) -> None:
         """The progress bar's rewards (and staleness), or with ``--no-progress`` a line every ``--log-interval``."""
@@ -253,10 +262,15 @@ class Run:
         self._save_on_interrupt()
 
     def _save_on_interrupt(self):
-        """Ctrl-C or SIGTERM once a step has trained: finish the steps already submitted (their rollouts
-        have drawn prompts, so the saved state must include them), log them, then save — all within
-        ``INTERRUPT_SAVE_TIMEOUT_S``. Says where the model went, or why it was not saved."""
+        """Ctrl-C or SIGTERM once a step has trained: log the steps collected and not logged yet, finish
+        the steps already submitted (their rollouts have drawn prompts, so the saved state must include
+        them), log them, then save — all within ``INTERRUPT_SAVE_TIMEOUT_S``. Says where the model went,
+        or why it was not saved."""
         runtime, pipeline, out, saved_step, bar = self.runtime, self.pipeline, self.out, self.saved_step, self.bar
+        if pipeline is not None:
+            with signals_held():
+                for t in sorted(pipeline.collected):
+                    self._record_step(pipeline.collected[t])
         if pipeline is None or self.steps_run == 0:
             log("relax: no step finished training, so no model was saved", bar)
             return None
@@ -264,8 +278,8 @@ class Run:
         step = None
         try:
             for t in sorted(pipeline.submitted):
-                row = pipeline.step(t, submit_through=t, timeout=max(1.0, deadline - time.monotonic()))
-                self._record(row)
+                pipeline.step(t, submit_through=t, timeout=max(1.0, deadline - time.monotonic()))
+                self._record_step(pipeline.collected[t])
             step = pipeline.last_submitted
             if step == saved_step:
                 log(f"relax: the model of step {step} was already saved (resume with --load {out})", bar)

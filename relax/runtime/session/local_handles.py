@@ -8,17 +8,16 @@ actors keep (each runs its calls in submission order, and a call's arguments wer
 it), so every worker sees the calls of the Ray path in the same order, with the same values.
 
 Running the calls when a result is read, not when they are made, keeps an interrupt consistent: a
-Ctrl-C or SIGTERM that arrives during a call is held until the call returns (``_signals_held``), so
-no worker is left half-way through a step, and the run can finish the steps it submitted and save
-them as the Ray path does.
+Ctrl-C or SIGTERM that arrives during a call is held until the call returns
+(``relax.runtime.session.held_signals``), so no worker is left half-way through a step, and the run
+can finish the steps it submitted and save them as the Ray path does.
 """
 
 from __future__ import annotations
 
-import contextlib
-import signal
-import threading
 from collections import deque
+
+from relax.runtime.session.held_signals import signals_held
 
 _UNSET = object()
 
@@ -56,27 +55,6 @@ def is_local(refs) -> bool:
                                           and all(isinstance(r, LocalRef) for r in refs))
 
 
-@contextlib.contextmanager
-def _signals_held():
-    """SIGINT and SIGTERM during the block are delivered when it ends (main thread only)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    held, previous = [], {}
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        handler = signal.getsignal(sig)
-        if callable(handler):  # a Python handler (the default SIGINT one raises KeyboardInterrupt)
-            previous[sig] = handler
-            signal.signal(sig, lambda signum, frame: held.append((signum, frame)))
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        for signum, frame in held[:1]:
-            previous[signum](signum, frame)
-
-
 class LocalQueue:
     """The calls made and not run yet, oldest first."""
 
@@ -93,7 +71,7 @@ class LocalQueue:
             if not self._calls:
                 raise RuntimeError("a local reference whose call is not queued (a bug in relax)")
             fn, args, kwargs, refs = self._calls[0]
-            with _signals_held():  # the call and its results are kept whole; the signal comes after
+            with signals_held():  # the call and its results are kept whole; the signal comes after
                 self._calls.popleft()
                 try:
                     args = [resolve(a) for a in args]

@@ -46,7 +46,7 @@ from relax.recipes.sft_resume import (
     rng_state,
 )
 from relax.rollout.sft_data import SftExample, sft_batch
-from relax.runtime.files.checkpoint_files import read_checkpoint
+from relax.runtime.files.checkpoint_files import read_checkpoint, superseded_warnings
 from relax.runtime.files.console import log
 from relax.runtime.files.metrics_log import MetricsLog
 from relax.runtime.files.run_dir import lock_run_dir
@@ -113,6 +113,8 @@ def run_sft(config, sft: SftConfig, examples: Sequence[SftExample], pad_id: int)
         _, state = read_checkpoint(config.load)
         backend.load_state_dict(state["actor"]["backend"])
         restore_rng(state["sft"]["rng"])
+        for warning in superseded_warnings(config.load, out, start):
+            log(f"relax sft: warning: {warning}")
     evaluation = _evaluation(config)
     resume_after = start if config.load else None  # the log's rows and the trackers' steps after it are redone
     metrics_log = MetricsLog(out / "metrics.jsonl", resume_after_step=resume_after, warn=log)

@@ -162,3 +162,26 @@ def test_an_interrupt_between_a_steps_results_and_its_row_still_logs_the_step_th
     assert [r["step"] for r in metrics_rows(tmp_path)] == [0, 1, 2, 3]
     assert torch.load(checkpoint_path(tmp_path, 3), weights_only=False)["step"] == 3
     assert not checkpoint_path(tmp_path, 4).parent.exists()
+
+
+def test_resuming_in_place_from_an_earlier_step_sets_the_later_checkpoints_aside(tmp_path, capsys):
+    # A run saved steps 1..4; it is resumed in its own directory from step 2 and stops after step 3. Its
+    # step 4 belongs to the continuation the resumed run replaces: moved aside, so that `--load DIR`
+    # takes the resumed run's step 3 and --keep-checkpoints 2 keeps steps 2 and 3.
+    whole = _config(tmp_path, num_rollout=4, save_interval=1, eval_interval=None, in_process=True)
+    run(whole)
+    first_4 = checkpoint_weights(tmp_path, 4)
+    resumed = attrs.evolve(whole, num_rollout=3, keep_checkpoints=2, load=str(checkpoint_path(tmp_path, 2).parent))
+    run(resumed)
+    aside = tmp_path / "checkpoints" / "superseded_after_step_000002"
+    err = capsys.readouterr().err
+    assert (f"relax: warning: --load {resumed.load} resumes from step 2; the checkpoints of steps 3, 4 in "
+            f"{tmp_path} came after it and are trained again, so they were moved to {aside}") in err
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [
+        "step_000002", "step_000003", "superseded_after_step_000002"]
+    assert_same_weights(torch.load(aside / "step_000004" / "state.pt", weights_only=False)["actor"]["backend"]["model"],
+                        first_4)
+    assert [r["step"] for r in metrics_rows(tmp_path)] == [0, 1, 2, 3]
+    from relax.models.checkpoint_paths import checkpoint_state
+
+    assert checkpoint_state(tmp_path) == checkpoint_path(tmp_path, 3)

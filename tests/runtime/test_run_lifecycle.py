@@ -25,7 +25,8 @@ import torch
 from relax.config.run import RunConfig
 from relax.rollout.rewards import RewardError, call_reward_function, function_name, with_timeout
 from relax.runtime.driver.train import saves_at, submit_limit
-from relax.runtime.files.checkpoint_files import prune_checkpoints
+from relax.models.checkpoint_paths import checkpoint_state
+from relax.runtime.files.checkpoint_files import prune_checkpoints, set_aside_later_checkpoints
 
 # -- which steps are saved ----------------------------------------------------------------------------
 
@@ -41,23 +42,36 @@ def test_the_final_step_is_always_saved():
     assert submit_limit(RunConfig(num_rollout=5, save_interval=2, fully_async=True, max_staleness=3), 1) == 2
 
 
-def _fake_checkpoint(out: Path, step: int, mtime_ns: int) -> Path:
+def _fake_checkpoint(out: Path, step: int) -> Path:
     path = out / "checkpoints" / f"step_{step:06d}" / "state.pt"
     path.parent.mkdir(parents=True)
     path.write_bytes(b"x")
-    os.utime(path, ns=(mtime_ns, mtime_ns))
     return path.parent
 
 
-def test_keep_checkpoints_deletes_the_oldest_written(tmp_path):
-    # a resumed run wrote step 3 after an abandoned step 4: step 3 is the newer one
-    dirs = {s: _fake_checkpoint(tmp_path, s, t) for s, t in ((1, 10**18), (2, 2 * 10**18), (4, 3 * 10**18),
-                                                            (3, 4 * 10**18))}
+def test_keep_checkpoints_deletes_the_lowest_steps_whatever_their_file_times(tmp_path):
+    dirs = {s: _fake_checkpoint(tmp_path, s) for s in (1, 2, 10, 3)}
+    os.utime(dirs[10] / "state.pt", ns=(1, 1))  # a copied run's file times say nothing of the order
     (tmp_path / "checkpoints" / "notes").mkdir()  # not a checkpoint: left alone
+    (tmp_path / "checkpoints" / "step_000011").mkdir()  # no state.pt: not a checkpoint either
     deleted = prune_checkpoints(tmp_path, 2)
-    assert sorted(deleted) == [dirs[1], dirs[2]]
-    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["notes", "step_000003", "step_000004"]
+    assert deleted == [dirs[1], dirs[2]]
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [
+        "notes", "step_000003", "step_000010", "step_000011"]
     assert prune_checkpoints(tmp_path, 2) == []
+    assert checkpoint_state(tmp_path) == dirs[10] / "state.pt"  # --load DIR: the highest step
+
+
+def test_a_resume_from_an_earlier_step_sets_the_later_checkpoints_aside(tmp_path):
+    dirs = {s: _fake_checkpoint(tmp_path, s) for s in (2, 4, 6)}
+    assert set_aside_later_checkpoints(tmp_path, 6) is None  # nothing after the last step
+    where, steps = set_aside_later_checkpoints(tmp_path, 2)
+    assert steps == [4, 6] and where == tmp_path / "checkpoints" / "superseded_after_step_000002"
+    assert sorted(p.name for p in where.iterdir()) == ["step_000004", "step_000006"]
+    assert (where / "step_000004" / "state.pt").read_bytes() == b"x"  # moved whole, nothing deleted
+    assert checkpoint_state(tmp_path) == dirs[2] / "state.pt"
+    _fake_checkpoint(tmp_path, 4)  # the resumed run went on, then was resumed from step 2 again
+    assert set_aside_later_checkpoints(tmp_path, 2) == (where.with_name(where.name + "_2"), [4])
 
 
 # -- --reward-timeout ---------------------------------------------------------------------------------

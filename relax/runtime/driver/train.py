@@ -33,7 +33,7 @@ from relax.runtime.cluster.local_runtime import LocalRuntime
 from relax.runtime.driver.checkpoints import restore_checkpoint, save_checkpoint
 from relax.runtime.driver.evaluation import Evaluation
 from relax.runtime.driver.pipeline import Pipeline
-from relax.runtime.files.checkpoint_files import check_checkpoint, read_checkpoint
+from relax.runtime.files.checkpoint_files import check_checkpoint, read_checkpoint, superseded_warnings
 from relax.runtime.files.console import log
 from relax.runtime.files.metrics_log import MetricsLog, progress_line, summary_table
 from relax.runtime.files.run_dir import lock_run_dir, run_of_checkpoint
@@ -144,7 +144,10 @@ class Run:
         new_metrics = self.out / "metrics.jsonl"
         if old_metrics is not None and old_metrics.exists() and old_metrics.resolve() != new_metrics.resolve():
             new_metrics.write_bytes(old_metrics.read_bytes())
-        return state, int(state["step"])
+        step = int(state["step"])
+        for warning in superseded_warnings(config.load, self.out, step):
+            log(f"relax: warning: {warning}")
+        return state, step
 
     def _announce(self) -> None:
         """The banner: the method, where its roles run, the output directory (and the task's base rates)."""

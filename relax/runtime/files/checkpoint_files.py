@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from relax.backends.registry import checkpoint_backend
-from relax.models.checkpoint_paths import CHECKPOINTS_DIR, STATE_FILE, checkpoint_state
+from relax.models.checkpoint_paths import CHECKPOINTS_DIR, STATE_FILE, checkpoint_state, saved_steps, step_of
 from relax.runtime.files.run_errors import RunFailed
 
 
@@ -204,9 +204,9 @@ def _os_error(exc: BaseException | None) -> OSError | None:
 
 
 def last_good_checkpoint(out: Path, but: Path | None = None) -> Path | None:
-    """The newest complete ``checkpoints/step_*`` directory of ``out`` (other than ``but``)."""
-    steps = [p for p in (Path(out) / CHECKPOINTS_DIR).glob("step_*") if (p / STATE_FILE).is_file() and p != but]
-    return max(steps, key=lambda p: ((p / STATE_FILE).stat().st_mtime_ns, p.name), default=None)
+    """The complete ``checkpoints/step_*`` directory of ``out`` with the highest step (other than ``but``)."""
+    steps = [p for p in saved_steps(out) if p != but]
+    return steps[-1] if steps else None
 
 
 def save_failed(out: Path, step: int, where: Path, exc: BaseException) -> CheckpointSaveError:
@@ -228,15 +228,48 @@ def save_failed(out: Path, step: int, where: Path, exc: BaseException) -> Checkp
 
 
 def prune_checkpoints(out: Path, keep: int) -> list[Path]:
-    """``--keep-checkpoints N``: delete all but the newest ``keep`` ``checkpoints/step_*`` directories
-    of ``out`` (called after a successful save, so the newest one is always kept); returns the
-    deleted directories."""
-    import shutil
-
-    # oldest written first (a resumed run may write step_3 after an abandoned step_4: step_3 is newer)
-    steps = sorted((p for p in (Path(out) / CHECKPOINTS_DIR).glob("step_*") if (p / STATE_FILE).is_file()),
-                   key=lambda p: ((p / STATE_FILE).stat().st_mtime_ns, p.name))
+    """``--keep-checkpoints N``: delete all but the ``keep`` highest-step ``checkpoints/step_*``
+    directories of ``out`` (called after a successful save, so the one just written is always kept:
+    a resumed run set the higher ones aside, ``set_aside_later_checkpoints``); returns the deleted
+    directories."""
+    steps = saved_steps(out)
     doomed = steps[: max(0, len(steps) - keep)]
     for directory in doomed:
         shutil.rmtree(directory, ignore_errors=True)
     return doomed
+
+
+SUPERSEDED_PREFIX = "superseded_after_step_"
+
+
+def set_aside_later_checkpoints(out: Path, step: int) -> tuple[Path, list[int]] | None:
+    """A run resumed from step ``step`` into ``out`` trains the later steps again, so the checkpoints
+    ``out`` holds after ``step`` belong to the continuation it replaces. They move, whole, to
+    ``checkpoints/superseded_after_step_<step>/`` (nothing is deleted), so that the directory's
+    checkpoints in step order are again the order they were written: ``--load DIR`` takes the highest
+    step, and ``--keep-checkpoints`` deletes the lowest. Returns ``(where, their steps)``, or None when
+    there were none."""
+    later = [d for d in saved_steps(out) if step_of(d) > step]
+    if not later:
+        return None
+    where = base = Path(out) / CHECKPOINTS_DIR / f"{SUPERSEDED_PREFIX}{step:06d}"
+    copies = 1
+    while where.exists():  # resumed from the same step before
+        copies += 1
+        where = base.with_name(f"{base.name}_{copies}")
+    where.mkdir()
+    for directory in later:
+        directory.rename(where / directory.name)
+    return where, [step_of(d) for d in later]
+
+
+def superseded_warnings(load, out: Path, step: int) -> list[str]:
+    """``set_aside_later_checkpoints`` for a run that ``--load load`` resumes from ``step`` into ``out``,
+    and the warning that says where the later checkpoints went."""
+    moved = set_aside_later_checkpoints(out, step)
+    if moved is None:
+        return []
+    where, steps = moved
+    return [f"--load {load} resumes from step {step}; the checkpoints of step{'s' if len(steps) > 1 else ''} "
+            f"{', '.join(map(str, steps))} in {out} came after it and are trained again, so they were moved "
+            f"to {where}"]

@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.runtime.run_results import gradient_free
+
 pytestmark = [
     pytest.mark.megatron,
     pytest.mark.slow,
@@ -49,10 +51,13 @@ def test_megatron_sft_matches_the_torch_backend(tmp_path):
     assert losses["megatron"] == pytest.approx(losses["torch"], rel=1e-5)
     weights = {b: torch.load(out / "checkpoints" / "step_000004" / "model.pt", weights_only=True)["model"]
                for b, out in runs.items()}
-    # Adam turns float32 noise in a near-zero gradient into up to a fraction of one step (lr 3e-3) in that
-    # parameter; a parameter moved the wrong way would be off by about 2 x lr per step.
+    # The key biases (run_results.gradient_free) within 2 x lr per step (lr 3e-3, 4 steps); every other
+    # weight within 1e-4 (measured: 5e-6), where one moved the wrong way would be off by about 2 x lr
+    assert any(gradient_free(name) for name in weights["torch"])
     for name, value in weights["torch"].items():
-        torch.testing.assert_close(weights["megatron"][name], value, rtol=0, atol=1e-3)
+        atol = 2 * 3e-3 * 4 if gradient_free(name) else 1e-4
+        torch.testing.assert_close(weights["megatron"][name], value, rtol=0, atol=atol,
+                                   msg=lambda m, name=name: f"{name}: {m}")
 
 
 @pytest.mark.timeout(600)

@@ -14,6 +14,7 @@ import torch
 from memory_plane import MemoryDataPlane
 from run_results import assert_same_weights as _assert_same_weights
 from run_results import checkpoint_weights as _weights
+from run_results import gradient_free
 from run_results import training_rows as _rows
 
 from relax.algorithms import AlgorithmConfig
@@ -133,10 +134,18 @@ def test_sharded_two_ranks_resume_and_reach_the_one_rank_weights(grpo_uninterrup
         assert a["actor/grad_norm"] == pytest.approx(b["actor/grad_norm"], rel=1e-5), a["step"]
     mine, theirs, start = _weights(out, 4), _weights(full_out, 4), _weights(full_out, 2)
     assert mine.keys() == theirs.keys()
-    diff = sum(float((mine[k] - theirs[k]).double().pow(2).sum()) for k in mine) ** 0.5
-    moved = sum(float((theirs[k] - start[k]).double().pow(2).sum()) for k in mine) ** 0.5
-    # Adam moves an element whose gradient is ~0 by up to lr either way on rounding: compared as a whole
-    assert moved > 0 and diff <= 1e-3 * moved, (diff, moved)
+    # The key biases (run_results.gradient_free) within 2 x lr per optimizer step (4 rollouts x 2);
+    # every other weight, as a whole, equals the one-rank run's (measured: 2e-6 of what steps 3 and 4
+    # moved them)
+    noise = [k for k in mine if gradient_free(k)]
+    assert noise, list(mine)
+    lr, optimizer_steps = _config("grpo", out).lr, 4 * 2
+    for k in noise:
+        assert float((mine[k] - theirs[k]).abs().max()) <= 2 * lr * optimizer_steps, k
+    trained = [k for k in mine if k not in noise]
+    diff = sum(float((mine[k] - theirs[k]).double().pow(2).sum()) for k in trained) ** 0.5
+    moved = sum(float((theirs[k] - start[k]).double().pow(2).sum()) for k in trained) ** 0.5
+    assert moved > 0 and diff <= 1e-4 * moved, (diff, moved)
 
 
 @pytest.mark.timeout(240)
